@@ -1,0 +1,285 @@
+"""Every change of state that people and agents ask for, and the task rules they share with
+the runner. Views, the API, the admin and commands call these; none writes a state field.
+
+Each `do_*`-style action validates first, then changes state and journals in one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractUser, AnonymousUser
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from . import journal, plans
+from .models import (
+    EffectState,
+    EventKind,
+    QuestionKind,
+    Step,
+    StepState,
+    Task,
+    TaskState,
+)
+from .states import IllegalTransition
+from .transitions import move_effect, move_step, move_task
+
+DECISIONS = {
+    "allow": QuestionKind.MAY_I,
+    "deny": QuestionKind.MAY_I,
+    "happened": QuestionKind.DID_IT_HAPPEN,
+    "rerun": QuestionKind.DID_IT_HAPPEN,
+    "fail": QuestionKind.DID_IT_HAPPEN,
+}
+OPEN_STEP_STATES = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
+
+
+class Refused(Exception):
+    """The request does not fit the current state; nothing was changed."""
+
+
+User = AbstractUser | AnonymousUser
+
+
+# ---- the task rules, shared by every caller --------------------------------------------------
+
+
+def follow(task: Task, *, actor: str) -> None:
+    """Move the task to match its steps: blocked while its current step is blocked, back to
+    running when it is not, done or failed when nothing runnable remains. In a transaction."""
+    if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED, TaskState.PLANNING):
+        return
+    steps = list(task.steps.order_by("position").values_list("state", "waived"))
+    open_states = [state for state, _ in steps if state in OPEN_STEP_STATES]
+    if not open_states:
+        settled = all(state == StepState.DONE or waived for state, waived in steps)
+        move_task(task, "finish" if settled else "fail", actor=actor, fields={"run_after": None})
+    elif open_states[0] == StepState.BLOCKED:
+        if task.state == TaskState.RUNNING:
+            move_task(task, "block", actor=actor)
+    elif task.state == TaskState.BLOCKED:
+        move_task(task, "unblock", actor=actor)
+
+
+def after_step_failed(task: Task, *, actor: str) -> None:
+    """A failed step pauses its task while other steps remain (waiting for a replacement or a
+    resume); with nothing runnable left the task fails."""
+    remaining = task.steps.filter(state__in=OPEN_STEP_STATES).exists()
+    if remaining and task.state in (TaskState.RUNNING, TaskState.BLOCKED):
+        move_task(task, "pause", actor=actor, data={"reason": "a step failed"})
+    else:
+        follow(task, actor=actor)
+
+
+def cancel_unsettled(step: Step, *, actor: str) -> None:
+    for effect in step.effects.filter(
+        state__in=[EffectState.PENDING, EffectState.UNCERTAIN]
+    ).select_for_update():
+        move_effect(effect, "cancel", actor=actor)
+
+
+# ---- creating and changing plans -------------------------------------------------------------
+
+
+def create_task(*, plan: plans.PlanSpec, actor: str) -> Task:
+    """A task in `planning` with its steps, then `running`: one commit."""
+    with transaction.atomic():
+        task = Task.objects.create(title=plan.title, created_by=actor)
+        journal.record(EventKind.TASK_CREATED, task=task, actor=actor, title=plan.title)
+        _insert_steps(task, plan.steps, at=0, actor=actor)
+        move_task(task, "start", actor=actor)
+    return task
+
+
+def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: str) -> list[Step]:
+    created = [
+        Step.objects.create(
+            task=task,
+            position=at + index,
+            key=spec.key,
+            title=spec.title,
+            tool=spec.tool,
+            args=spec.args,
+            side_effect=spec.side_effect,
+            confirm_before=spec.confirm_before,
+            max_attempts=spec.max_attempts,
+        )
+        for index, spec in enumerate(specs)
+    ]
+    journal.record(
+        EventKind.STEPS_ADDED, task=task, actor=actor, keys=[s.key for s in created], at=at
+    )
+    return created
+
+
+def add_steps(*, task_id: int, steps: Any, after: str | None = None, actor: str) -> list[Step]:
+    """Add steps after the step with key `after` (default: at the end). Only pending steps
+    move. A task paused by a failed step takes the new steps as its replacement and runs on."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+            raise Refused(f"can't add steps when the task is {task.state}")
+        existing = list(task.steps.order_by("position"))
+        keys = frozenset(s.key for s in existing)
+        if after is None:
+            at = (existing[-1].position + 1) if existing else 0
+            earlier = keys
+        else:
+            anchor = next((s for s in existing if s.key == after), None)
+            if anchor is None:
+                raise plans.PlanError([f"after: no step '{after}' in this task"])
+            at = anchor.position + 1
+            later = [s for s in existing if s.position >= at]
+            if any(s.state != StepState.PENDING for s in later):
+                raise Refused(f"after: steps after '{after}' have already started")
+            earlier = frozenset(s.key for s in existing if s.position < at)
+        specs = plans.validate_steps(steps, earlier=earlier)
+        clash = sorted(keys & {s.key for s in specs})
+        if clash:
+            raise plans.PlanError([f"step '{k}': key is already in this task" for k in clash])
+        _shift(task, at, len(specs))
+        created = _insert_steps(task, specs, at=at, actor=actor)
+        if task.state == TaskState.PAUSED and _waive_failed(task, actor=actor):
+            move_task(task, "resume", actor=actor, data={"reason": "replacement steps added"})
+        elif task.state == TaskState.PAUSED:
+            pass
+        else:
+            follow(task, actor=actor)
+    return created
+
+
+def _shift(task: Task, at: int, count: int) -> None:
+    """Make room at `at`: move later positions past the end first (the unique constraint on
+    (task, position) must hold after every statement), then down into place."""
+    top = task.steps.aggregate(top=Max("position"))["top"]
+    if top is None or top < at:
+        return
+    later = list(task.steps.filter(position__gte=at).order_by("-position"))
+    for offset, step in enumerate(later):
+        Step.objects.filter(pk=step.pk).update(position=top + 1 + count + offset)
+    for step in later:
+        Step.objects.filter(pk=step.pk).update(position=step.position + count)
+
+
+def _waive_failed(task: Task, *, actor: str) -> bool:
+    failed = list(task.steps.filter(state=StepState.FAILED, waived=False))
+    for step in failed:
+        Step.objects.filter(pk=step.pk).update(waived=True)
+        journal.record(EventKind.STEP_EDITED, step=step, actor=actor, waived=True)
+    return bool(failed)
+
+
+def pause(*, task_id: int, actor: str) -> Task:
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        _move(task, "pause", actor)
+    return task
+
+
+def resume(*, task_id: int, actor: str) -> Task:
+    """Resume a paused task; a failed step that paused it is skipped from now on."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        _move(task, "resume", actor)
+        _waive_failed(task, actor=actor)
+        follow(task, actor=actor)
+    return task
+
+
+def supersede(*, task_id: int, plan: plans.PlanSpec, actor: str) -> Task:
+    """Replace a task by a successor created from `plan`; the old task's pending steps never run."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+            raise Refused(f"can't supersede when the task is {task.state}")
+        successor = create_task(plan=plan, actor=actor)
+        _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
+    return successor
+
+
+def _move(
+    task: Task, event: str, actor: str, fields: dict[str, Any] | None = None, **data: Any
+) -> None:
+    try:
+        move_task(task, event, actor=actor, fields=fields, data=data)
+    except IllegalTransition as exc:
+        raise Refused(str(exc)) from None
+
+
+# ---- answers to questions ----------------------------------------------------------------------
+
+
+def unblock(
+    *, step_id: int, decision: str, actor: str, user: User | None = None, note: str = ""
+) -> Step:
+    """Answer a blocked step's question. A person needs `loop.confirm_step`; a refusal for
+    want of it is journaled. A decision that does not answer the question changes nothing."""
+    if decision not in DECISIONS:
+        raise Refused(f"decision: must be one of {', '.join(DECISIONS)}")
+    if user is not None and not user.has_perm("loop.confirm_step"):
+        with transaction.atomic():
+            step = Step.objects.get(pk=step_id)
+            journal.record(
+                EventKind.DECISION_REFUSED,
+                step=step,
+                actor=actor,
+                decision=decision,
+                reason="missing permission loop.confirm_step",
+            )
+        raise PermissionDenied("you may not answer questions (loop.confirm_step)")
+    with transaction.atomic():
+        step = Step.objects.select_for_update().get(pk=step_id)
+        if step.state != StepState.BLOCKED:
+            raise Refused(f"step '{step.key}' is {step.state}, not blocked")
+        if DECISIONS[decision] != step.question_kind:
+            raise Refused(
+                f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
+            )
+        task = Task.objects.select_for_update().get(pk=step.task_id)
+        journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
+        unsettled = list(step.effects.filter(state=EffectState.UNCERTAIN))
+        if decision in ("deny", "fail"):
+            cancel_unsettled(step, actor=actor)
+            reason = "denied" if decision == "deny" else "failed"
+            move_step(
+                step,
+                "fail",
+                kind=EventKind.STEP_FAILED,
+                actor=actor,
+                fields=_cleared(
+                    error=f"{reason} by {actor}" + (f": {note}" if note else ""),
+                    finished_at=timezone.now(),
+                ),
+            )
+            after_step_failed(task, actor=actor)
+            return step
+        for effect in unsettled:
+            if decision == "happened":
+                move_effect(
+                    effect,
+                    "succeed",
+                    actor=actor,
+                    fields={
+                        "response": {"settled_by": actor, "note": note},
+                        "evidence": note or f"{actor} said it happened",
+                    },
+                )
+            else:
+                move_effect(effect, "rerun", actor=actor, fields={"evidence": "", "error": ""})
+        move_step(
+            step,
+            "unblock",
+            kind=EventKind.STEP_UNBLOCKED,
+            actor=actor,
+            fields=_cleared(authorized_by=actor),
+            data={"decision": decision},
+        )
+        follow(task, actor=actor)
+    return step
+
+
+def _cleared(**fields: Any) -> dict[str, Any]:
+    return {"question_kind": "", "question_text": "", **fields}

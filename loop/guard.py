@@ -1,0 +1,81 @@
+"""The guard (DESIGN.md §5): may this step start now? Pure: no Django, no clock.
+
+The runner calls `decide()` inside the start transaction with what it read, and carries out
+the decision through the transitions. Every row of the §5 table is one branch here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Decision(enum.Enum):
+    START = "start"
+    START_AUTHORIZED = "start_authorized"  # consumes the person's one-shot authorization
+    START_AUTO_CONFIRMED = "start_auto_confirmed"  # a standing authorization (§10)
+    START_RESUMED_UNSENT = "start_resumed_unsent"  # LOOP_RESUME_UNSENT=always
+    ASK_MAY_I = "ask_may_i"  # first run of a confirm_before step
+    ASK_MAY_I_UNSENT = "ask_may_i_unsent"  # cut before anything went out
+    ASK_DID_IT_HAPPEN = "ask_did_it_happen"
+    FAIL_CAP = "fail_cap"
+    WAIT = "wait"  # an effect's claim by another holder is still live
+
+    @property
+    def starts(self) -> bool:
+        return self.value.startswith("start")
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    state: str  # "pending" or "running"
+    side_effect: bool
+    confirm_before: bool
+    attempts: int
+    max_attempts: int
+    retry_recorded: bool  # running with a recorded `retry` verdict: no cut
+    authorized: bool
+    repeatable: bool = False  # its tool is safe to repeat: a cut simply runs it again
+
+
+@dataclass(frozen=True)
+class EffectFacts:
+    state: str
+    safe_to_repeat: bool
+    lease_live: bool = False
+
+
+def decide(
+    step: StepFacts,
+    effects: Sequence[EffectFacts],
+    *,
+    resume_unsent: str = "scheduled",
+    standing: bool = False,
+) -> Decision:
+    # Effects of safe-to-repeat kinds never make a step uncertain or "unsent".
+    guarded = [e for e in effects if not e.safe_to_repeat]
+    if any(e.state == "running" and e.lease_live for e in effects):
+        return Decision.WAIT
+    if step.side_effect and any(e.state in ("uncertain", "running") for e in guarded):
+        return Decision.ASK_DID_IT_HAPPEN  # never covered by a standing authorization
+    if step.authorized:
+        # A person's "allow"/"it happened"/"do it": exactly one more start, even past the cap.
+        return Decision.START_AUTHORIZED
+    if step.attempts >= step.max_attempts:
+        return Decision.FAIL_CAP
+    if not step.side_effect:
+        return Decision.START
+    cut = step.state == "running" and not step.retry_recorded
+    if step.attempts == 0 and not cut:
+        if not step.confirm_before:
+            return Decision.START
+        return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I
+    if not cut or step.repeatable:
+        return Decision.START  # after a recorded retry the effects' states decide
+    if guarded and all(e.state in ("succeeded", "failed", "cancelled") for e in guarded):
+        return Decision.START  # finish from the receipts; nothing is performed again
+    # Provably unsent: no guarded effect beyond `pending`.
+    if resume_unsent == "always":
+        return Decision.START_RESUMED_UNSENT
+    return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I_UNSENT

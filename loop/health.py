@@ -1,0 +1,45 @@
+"""What /healthz and the dashboard banner report: can we write, is there room, is a worker
+alive?"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from .models import HealthCheck, Worker, WorkerState
+from .runner import low_disk_reason
+
+
+class _Rollback(Exception):
+    pass
+
+
+def write_problem() -> str:
+    """Insert a row big enough to need fresh pages, then roll it back: '' if that worked."""
+    try:
+        with transaction.atomic():
+            HealthCheck.objects.create(payload=b"\0" * 65536)
+            raise _Rollback
+    except _Rollback:
+        return ""
+    except DatabaseError as exc:
+        return f"writes failing: {exc}"
+
+
+def problems() -> list[str]:
+    found = [p for p in (write_problem(), low_disk_reason()) if p]
+    alive_since = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
+    workers = Worker.objects.filter(
+        state__in=[WorkerState.RUNNING, WorkerState.PARKED], last_seen__gte=alive_since
+    )
+    if not workers.exists():
+        found.append("no worker is alive")
+    for worker in workers.filter(state=WorkerState.PARKED):
+        found.append(f"{worker} is parked: {worker.parked_reason}")
+    recent = timezone.now() - timedelta(minutes=5)
+    for worker in workers.filter(last_error_at__gte=recent):
+        found.append(f"{worker} reported: {worker.last_error}")
+    return found

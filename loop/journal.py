@@ -1,0 +1,60 @@
+"""The journal: one writer for events.
+
+`record()` appends an event inside the caller's transaction (it refuses to run outside one),
+so a change and its event commit together or not at all. After the commit, in-process
+listeners (the live tailer) are woken; other processes find the event by polling its id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection, transaction
+
+from .models import Effect, Event, EventKind, Step, Task
+
+log = logging.getLogger("loop.journal")
+_listeners: list[Callable[[], None]] = []
+
+
+def on_event(listener: Callable[[], None]) -> None:
+    """Call `listener` after every commit that journaled something in this process."""
+    _listeners.append(listener)
+
+
+def _wake() -> None:
+    for listener in list(_listeners):
+        try:
+            listener()
+        except Exception:  # a broken listener must never fail a commit that already happened
+            log.exception("journal listener failed")
+
+
+def record(
+    kind: EventKind | str,
+    *,
+    task: Task | int | None = None,
+    step: Step | None = None,
+    effect: Effect | None = None,
+    actor: str = "",
+    **data: Any,
+) -> Event:
+    """Append one event. Call inside `transaction.atomic()` with the change it records."""
+    if not connection.in_atomic_block:
+        raise RuntimeError(f"journal.record({kind}) outside a transaction")
+    task_id = task.pk if isinstance(task, Task) else task
+    if task_id is None and step is not None:
+        task_id = step.task_id
+    event = Event.objects.create(
+        kind=kind,
+        task_id=task_id,
+        step=step,
+        effect=effect,
+        actor=actor,
+        data=data,
+    )
+    if _listeners:
+        transaction.on_commit(_wake)
+    return event

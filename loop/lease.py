@@ -1,0 +1,80 @@
+"""Leases (DESIGN.md §4, §8): claim in one statement, renew, fence.
+
+`lease_epoch` is the fencing token: every claim bumps it, and every commit of a verdict or
+claim of an effect checks that the task's epoch and owner are still the caller's.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .models import Effect, EffectState, Task, TaskState
+
+
+class LeaseLost(Exception):
+    """The task's lease moved on: this holder's commit is refused."""
+
+
+def _db(value: datetime) -> Any:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
+    """Claim one runnable task whose lease is free; returns (task id, new epoch).
+
+    One UPDATE … WHERE id = (SELECT …) AND lease free … RETURNING: the row is claimed only if
+    nobody holds it, even when the subquery raced another worker. Uses index task_claim (state, id).
+    """
+    now = timezone.now()
+    until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
+    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    free = "(lease_until IS NULL OR lease_until < %s)"
+    sql = (  # only constant fragments are formatted in
+        f"UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "  # noqa: S608
+        f"WHERE id = (SELECT id FROM loop_task WHERE state = %s AND {free} "
+        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY id LIMIT 1{skip_locked}) "
+        f"AND {free} RETURNING id, lease_epoch"
+    )
+    params = [owner, _db(until), TaskState.RUNNING, _db(now), _db(now), _db(now)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return (int(row[0]), int(row[1])) if row else None
+
+
+def fenced(task_id: int, owner: int, epoch: int) -> Task:
+    """The task, locked for this transaction, if `owner` still holds it at `epoch`."""
+    task = Task.objects.select_for_update().get(pk=task_id)
+    if task.lease_owner != owner or task.lease_epoch != epoch:
+        raise LeaseLost(
+            f"task {task_id}: lease is now epoch {task.lease_epoch} of owner "
+            f"{task.lease_owner}, not epoch {epoch} of {owner}"
+        )
+    return task
+
+
+def renew(task_id: int, owner: int, epoch: int, *, seconds: int | None = None) -> bool:
+    """Extend a held lease (and the claims of its running effects). False if it moved on."""
+    until = timezone.now() + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
+    with transaction.atomic():
+        count = Task.objects.filter(pk=task_id, lease_owner=owner, lease_epoch=epoch).update(
+            lease_until=until
+        )
+        if count:
+            Effect.objects.filter(
+                task_id=task_id, state=EffectState.RUNNING, lease_owner=owner, lease_epoch=epoch
+            ).update(lease_until=until)
+    return count == 1
+
+
+def release(task: Task) -> None:
+    """Give the lease up (inside the caller's fenced transaction). The epoch stays: the next
+    claim bumps it."""
+    Task.objects.filter(pk=task.pk).update(lease_owner=None, lease_until=None)
+    task.lease_owner = None
+    task.lease_until = None

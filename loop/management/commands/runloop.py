@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from loop.runner import Runner
+
+
+def label(value: str) -> str:
+    if (
+        not value
+        or len(value) > 100
+        or not value.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    ):
+        raise ValueError("a worker id is 1-100 letters, digits, '-', '_' or '.'")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run the loop: boot reconciliation, then claim and run steps until signalled."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="reconcile, at most one tick, exit")
+        parser.add_argument("--worker-id", type=label, default=None, help="a label for this worker")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        Runner(label=options["worker_id"] or "", once=options["once"]).run()

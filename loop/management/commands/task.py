@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from loop.models import Task
+from loop.serialize import task_dict
+
+
+class Command(BaseCommand):
+    help = "Show a task with its steps, effects and questions."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("id", type=int)
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        task = Task.objects.filter(pk=options["id"]).first()
+        if task is None:
+            raise CommandError(f"no task {options['id']}")
+        data = task_dict(task)
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2, default=str))
+            return
+        self.stdout.write(f"task {data['id']}: {data['title']} [{data['state']}]")
+        for step in data["steps"]:
+            self.stdout.write(
+                f"  {step['id']:>6} {step['key']:<20} {step['state']:<8} "
+                f"attempts {step['attempts']}/{step['max_attempts']}  {step['tool']}"
+            )
+            if step["error"]:
+                self.stdout.write(f"         error: {step['error']}")
+            if step["question"]:
+                for line in step["question"]["text"].splitlines():
+                    self.stdout.write(f"         ? {line}")
+            for effect in step["effects"]:
+                self.stdout.write(
+                    f"         effect {effect['id'][:12]} {effect['tool']} {effect['state']} "
+                    f"{effect['target']}"
+                )

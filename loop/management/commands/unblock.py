@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from loop import actions
+from loop.models import Step
+
+
+class Command(BaseCommand):
+    help = "Answer a blocked step's question."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("step", type=int)
+        group = parser.add_mutually_exclusive_group(required=True)
+        for decision, text in [
+            ("allow", "May I do this? - allow once"),
+            ("deny", "May I do this? - deny (fails the step)"),
+            ("happened", "Did this happen? - it happened"),
+            ("rerun", "Did this happen? - it did not, do it"),
+            ("fail", "Did this happen? - fail the step"),
+        ]:
+            group.add_argument(
+                f"--{decision}", dest="decision", action="store_const", const=decision, help=text
+            )
+        parser.add_argument("--note", default="", help="what you know (kept as the receipt)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not Step.objects.filter(pk=options["step"]).exists():
+            raise CommandError(f"no step {options['step']}")
+        try:
+            step = actions.unblock(
+                step_id=options["step"],
+                decision=options["decision"],
+                actor=f"cli:{getpass.getuser()}",
+                note=options["note"],
+            )
+        except actions.Refused as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"step {step.pk} '{step.key}' is now {step.state}")

@@ -1,0 +1,283 @@
+"""Task, Step, Effect, Event, Worker.
+
+State fields are written only through `loop.transitions` (compare-and-set, checked against
+`loop.states`, journaled in the same transaction). Admin forms and views never write them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class TaskState(models.TextChoices):
+    PLANNING = "planning", "Planning"
+    """Created; steps may still be added before it runs."""
+    RUNNING = "running", "Running"
+    """Workers may claim it and run its next step."""
+    PAUSED = "paused", "Paused"
+    """Interrupted by a person, or a step failed while others remain."""
+    BLOCKED = "blocked", "Blocked"
+    """Its current step waits for a person's answer."""
+    DONE = "done", "Done"
+    """Every step is done (or a person resumed past its failure)."""
+    FAILED = "failed", "Failed"
+    """A step failed and nothing runnable remains."""
+    SUPERSEDED = "superseded", "Superseded"
+    """Replaced by a successor task; its pending steps never run."""
+
+
+class StepState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    """Not started, or put back by a person's decision."""
+    RUNNING = "running", "Running"
+    """Started; in flight, cut, or waiting for retry_at after a transient error."""
+    BLOCKED = "blocked", "Blocked"
+    """Waits for a person: "May I do this?" or "Did this happen?"."""
+    DONE = "done", "Done"
+    """Finished with an output. Never runs again."""
+    FAILED = "failed", "Failed"
+    """Definitively failed, denied, or out of attempts. Never runs again."""
+
+
+class EffectState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    """The intent is committed; it has certainly not been sent."""
+    RUNNING = "running", "Running"
+    """Claimed under a lease: it may have gone out."""
+    SUCCEEDED = "succeeded", "Succeeded"
+    """It happened; `response` is the receipt."""
+    FAILED = "failed", "Failed"
+    """The world said no, definitively."""
+    UNCERTAIN = "uncertain", "Uncertain"
+    """It may or may not have happened; a person or a probe settles it."""
+    CANCELLED = "cancelled", "Cancelled"
+    """Its step was failed by a person before it was settled."""
+
+
+class QuestionKind(models.TextChoices):
+    MAY_I = "may_i", "May I do this?"
+    DID_IT_HAPPEN = "did_it_happen", "Did this happen?"
+
+
+class WorkerState(models.TextChoices):
+    RUNNING = "running", "Running"
+    PARKED = "parked", "Parked"
+    """Alive but refusing new work (low disk, failing writes)."""
+    STOPPED = "stopped", "Stopped"
+    DEAD = "dead", "Dead"
+    """Found dead by a later worker's boot reconciliation."""
+
+
+class EventKind(models.TextChoices):
+    TASK_CREATED = "task_created"
+    TASK_STATE = "task_state"
+    STEPS_ADDED = "steps_added"
+    STEP_STARTED = "step_started"
+    STEP_RESTARTED = "step_restarted"
+    STEP_DONE = "step_done"
+    STEP_RETRY = "step_retry"
+    STEP_FAILED = "step_failed"
+    STEP_BLOCKED = "step_blocked"
+    STEP_UNBLOCKED = "step_unblocked"
+    STEP_EDITED = "step_edited"
+    DECISION = "decision"
+    DECISION_REFUSED = "decision_refused"
+    AUTHORIZATION_CONSUMED = "authorization_consumed"
+    SIDE_EFFECT_AUTO_CONFIRMED = "side_effect_auto_confirmed"
+    SIDE_EFFECT_RESUMED_UNSENT = "side_effect_resumed_unsent"
+    EFFECT_STATE = "effect_state"
+    RECEIPT_HIT = "receipt_hit"
+    PROBE = "probe"
+    LATE_RESULT = "late_result"
+    LEASE_RELEASED = "lease_released"
+    WORKER_STARTED = "worker_started"
+    WORKER_DEAD = "worker_dead"
+    WORKER_STOPPED = "worker_stopped"
+    WORKER_PARKED = "worker_parked"
+    WRITE_FAILED = "write_failed"
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def running(self) -> TaskQuerySet:
+        return self.filter(state=TaskState.RUNNING)
+
+    def open(self) -> TaskQuerySet:
+        return self.exclude(state__in=[TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED])
+
+
+class Task(models.Model):
+    title = models.CharField(max_length=200)
+    state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.PLANNING)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=150, blank=True)
+    successor = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="predecessors"
+    )
+    # Earliest time a worker may claim it again (a step waiting for retry_at).
+    run_after = models.DateTimeField(null=True, blank=True)
+    # The lease (§8). lease_epoch is the fencing token: every claim bumps it.
+    lease_owner = models.BigIntegerField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # lease.claim: state='running' AND lease free AND run_after due, ORDER BY id.
+            models.Index(fields=["state", "id"], name="task_claim"),
+            models.Index(fields=["lease_owner"], name="task_lease_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.pk} {self.title!r}"
+
+
+class StepQuerySet(models.QuerySet["Step"]):
+    def open(self) -> StepQuerySet:
+        """Neither done nor failed: the loop's candidates, in plan order."""
+        return self.exclude(state__in=[StepState.DONE, StepState.FAILED]).order_by("position")
+
+    def blocked(self) -> StepQuerySet:
+        return self.filter(state=StepState.BLOCKED)
+
+
+class Step(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    position = models.IntegerField()
+    key = models.CharField(max_length=100)
+    title = models.CharField(max_length=200, blank=True)
+    tool = models.CharField(max_length=100)
+    args = models.JSONField(default=dict, blank=True)
+    side_effect = models.BooleanField(default=False)
+    confirm_before = models.BooleanField(default=False)
+    max_attempts = models.PositiveIntegerField(default=5)
+
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    # Set only by a recorded `retry` verdict: a running step with retry_at is no cut.
+    retry_at = models.DateTimeField(null=True, blank=True)
+    question_kind = models.CharField(max_length=16, choices=QuestionKind.choices, blank=True)
+    question_text = models.TextField(blank=True)
+    # A person's one-shot permission for the next start; consumed in that start's commit.
+    authorized_by = models.CharField(max_length=150, blank=True)
+    # A person resumed the task past this failed step (or added its replacement).
+    waived = models.BooleanField(default=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = StepQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["task", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "key"], name="step_key_unique"),
+            models.UniqueConstraint(fields=["task", "position"], name="step_position_unique"),
+        ]
+        indexes = [models.Index(fields=["state"], name="step_state")]
+        permissions = [("confirm_step", "Can answer a blocked step's question")]
+
+    def __str__(self) -> str:
+        return f"step {self.key!r} of task {self.task_id}"
+
+
+class EffectQuerySet(models.QuerySet["Effect"]):
+    def unsettled(self) -> EffectQuerySet:
+        return self.filter(state__in=[EffectState.RUNNING, EffectState.UNCERTAIN])
+
+
+class Effect(models.Model):
+    # Deterministic: digest of (step, tool, canonical request), or the caller's key.
+    id = models.CharField(max_length=64, primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="effects")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="effects")
+    tool = models.CharField(max_length=100)
+    safe_to_repeat = models.BooleanField(default=False)
+    target = models.CharField(max_length=500, blank=True)
+    summary = models.TextField(blank=True)
+    request = models.JSONField(default=dict)
+    state = models.CharField(
+        max_length=16, choices=EffectState.choices, default=EffectState.PENDING
+    )
+    response = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    evidence = models.TextField(blank=True)
+    lease_owner = models.BigIntegerField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.BigIntegerField(null=True, blank=True)
+    sends = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = EffectQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # Boot reconciliation: a dead owner's effects in `running`.
+            models.Index(fields=["lease_owner", "state"], name="effect_owner_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"effect {self.tool} {self.target}"
+
+
+class Event(models.Model):
+    """The append-only journal; also the live feed (rising ids)."""
+
+    kind = models.CharField(max_length=40, choices=EventKind.choices)
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE)
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE)
+    effect = models.ForeignKey(Effect, null=True, blank=True, on_delete=models.CASCADE)
+    actor = models.CharField(max_length=150, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["task", "id"], name="event_task")]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.kind}"
+
+
+class Worker(models.Model):
+    """One `runloop` incarnation: a new row at every start, even under a reused label."""
+
+    label = models.CharField(max_length=100, blank=True)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    # /proc start time of the pid, so a recycled pid is not mistaken for this process.
+    pid_started = models.CharField(max_length=32, blank=True)
+    state = models.CharField(
+        max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now)
+    parked_reason = models.TextField(blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "last_seen"], name="worker_alive")]
+
+    def __str__(self) -> str:
+        return f"worker {self.pk} ({self.label or self.host}:{self.pid})"
+
+
+def default_max_attempts() -> int:
+    return int(settings.LOOP_MAX_ATTEMPTS)
+
+
+class HealthCheck(models.Model):
+    """Never committed: /healthz inserts a row large enough to need new pages, then rolls
+    back, to learn whether the database can take a write right now."""
+
+    payload = models.BinaryField()
+
+    def __str__(self) -> str:
+        return f"health check {self.pk}"

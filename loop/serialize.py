@@ -1,0 +1,65 @@
+"""The stable JSON shapes of DESIGN.md §13 (`task --json`, `tasks --json`, the API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Effect, EffectState, Step, Task
+
+
+def effect_dict(effect: Effect) -> dict[str, Any]:
+    return {
+        "id": effect.pk,
+        "tool": effect.tool,
+        "state": effect.state,
+        "target": effect.target,
+        "summary": effect.summary,
+        "evidence": effect.evidence,
+        "error": effect.error,
+        "response": effect.response,
+        "sends": effect.sends,
+    }
+
+
+def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
+    if not step.question_kind:
+        return None
+    named = [e for e in effects if e.state in (EffectState.UNCERTAIN, EffectState.PENDING)]
+    return {
+        "kind": step.question_kind,
+        "text": step.question_text,
+        "effects": [effect_dict(e) for e in named],
+    }
+
+
+def step_dict(step: Step) -> dict[str, Any]:
+    effects = list(step.effects.order_by("created_at"))
+    return {
+        "id": step.pk,
+        "key": step.key,
+        "title": step.title,
+        "tool": step.tool,
+        "args": step.args,
+        "state": step.state,
+        "attempts": step.attempts,
+        "max_attempts": step.max_attempts,
+        "side_effect": step.side_effect,
+        "confirm_before": step.confirm_before,
+        "output": step.output,
+        "error": step.error,
+        "question": question_dict(step, effects),
+        "effects": [effect_dict(e) for e in effects],
+    }
+
+
+def task_summary(task: Task) -> dict[str, Any]:
+    return {"id": task.pk, "title": task.title, "state": task.state}
+
+
+def task_dict(task: Task) -> dict[str, Any]:
+    return {
+        **task_summary(task),
+        "created_at": task.created_at.isoformat(),
+        "successor": task.successor_id,
+        "steps": [step_dict(s) for s in task.steps.order_by("position")],
+    }

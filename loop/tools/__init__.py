@@ -1,0 +1,171 @@
+"""The tool registry. A tool is a named verb with an argument schema and two flags.
+
+Any installed app can add tools in its own `tools.py` with the `@tool` decorator; the registry
+imports them when Django starts (`LoopConfig.ready`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "object": (dict,),
+    "list": (list,),
+    "any": (object,),
+}
+
+
+class ToolError(Exception):
+    """A definitive failure: bad arguments, a missing file, a tool that is switched off."""
+
+
+class TransientError(Exception):
+    """A read-only call that may work if tried again later."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    type: str = "any"
+    required: bool = True
+    items: str | None = None  # for lists: the type of each item
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe found in the world about an uncertain effect."""
+
+    found: bool | None  # True happened, False not found, None unknown
+    evidence: str
+    response: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    run: Callable[..., dict[str, Any]]
+    args: dict[str, Arg]
+    side_effect: bool = False
+    safe_to_repeat: bool = False
+    # (args) -> (target, summary): what a person is shown about this call.
+    describe: Callable[[dict[str, Any]], tuple[str, str]] | None = None
+    # (args, effect_id) -> ProbeResult: read-only look in the world for an uncertain effect.
+    probe: Callable[[dict[str, Any], str], ProbeResult] | None = None
+    # () -> reason the tool is off, or None.
+    disabled: Callable[[], str | None] = field(default=lambda: None)
+
+    def check_args(self, args: Any, where: str) -> list[str]:
+        """Errors naming `where` and the argument; empty when the args fit the schema."""
+        if not isinstance(args, dict):
+            return [f"{where}: args must be an object"]
+        errors = []
+        for name, spec in self.args.items():
+            if name not in args:
+                if spec.required:
+                    errors.append(f"{where}: tool '{self.name}' needs '{name}'")
+                continue
+            if is_reference(args[name]):
+                continue
+            if not _fits(args[name], spec.type):
+                errors.append(f"{where}: '{name}' must be {spec.type}")
+            elif spec.items and any(
+                not (_fits(i, spec.items) or is_reference(i)) for i in args[name]
+            ):
+                errors.append(f"{where}: every item of '{name}' must be {spec.items}")
+        for name in args:
+            if name not in self.args:
+                errors.append(f"{where}: tool '{self.name}' takes no argument '{name}'")
+        return errors
+
+    def summary(self, args: dict[str, Any]) -> tuple[str, str]:
+        if self.describe is not None:
+            return self.describe(args)
+        return "", _short(args)
+
+
+def _fits(value: Any, type_name: str) -> bool:
+    if type_name in {"number", "integer"} and isinstance(value, bool):
+        return False
+    return isinstance(value, JSON_TYPES[type_name])
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def is_reference(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+_registry: dict[str, Tool] = {}
+
+
+def register(t: Tool) -> Tool:
+    if t.name in _registry and _registry[t.name].run is not t.run:
+        raise ValueError(f"tool {t.name!r} is registered twice")
+    _registry[t.name] = t
+    return t
+
+
+def tool(
+    name: str,
+    *,
+    args: dict[str, Arg],
+    side_effect: bool = False,
+    safe_to_repeat: bool = False,
+    describe: Callable[[dict[str, Any]], tuple[str, str]] | None = None,
+    probe: Callable[[dict[str, Any], str], ProbeResult] | None = None,
+    disabled: Callable[[], str | None] | None = None,
+) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Register a function as a tool.
+
+    Read-only tools are called `run(args)`; side-effect tools `run(args, effect_id)` and
+    report their outcome by returning (success) or raising EffectNotSent / EffectRejected;
+    any other exception means the outcome is uncertain.
+    """
+
+    def decorate(func: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        register(
+            Tool(
+                name=name,
+                run=func,
+                args=args,
+                side_effect=side_effect,
+                safe_to_repeat=safe_to_repeat,
+                describe=describe,
+                probe=probe,
+                disabled=disabled or (lambda: None),
+            )
+        )
+        return func
+
+    return decorate
+
+
+def get(name: str) -> Tool:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ToolError(f"unknown tool '{name}'") from None
+
+
+def names() -> list[str]:
+    return sorted(_registry)
+
+
+def load_builtin() -> None:
+    for module in ("basic", "http", "files", "mail", "sql", "shell"):
+        try:
+            importlib.import_module(f"loop.tools.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"loop.tools.{module}":
+                raise

@@ -1,0 +1,22 @@
+"""Read-only built-ins: echo, sleep."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import Arg, ToolError, tool
+
+
+@tool("echo", args={"value": Arg("any")})
+def echo(args: dict[str, Any]) -> dict[str, Any]:
+    return {"value": args["value"]}
+
+
+@tool("sleep", args={"seconds": Arg("number")})
+def sleep(args: dict[str, Any]) -> dict[str, Any]:
+    seconds = float(args["seconds"])
+    if not 0 <= seconds <= 24 * 3600:
+        raise ToolError("'seconds' must be between 0 and 86400")
+    time.sleep(seconds)
+    return {"slept": seconds}

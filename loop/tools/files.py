@@ -1,0 +1,83 @@
+"""file.read (read-only) and file.write (a side effect, safe to repeat), both confined to
+LOOP_FILE_ROOT."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from . import Arg, ProbeResult, ToolError, tool
+
+
+def confined(path: str) -> Path:
+    """`path` resolved under LOOP_FILE_ROOT, or ToolError if it would leave the root."""
+    root = Path(settings.LOOP_FILE_ROOT).resolve()
+    candidate = (root / path).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise ToolError(f"path {path!r} is outside the file root")
+    return candidate
+
+
+@tool("file.read", args={"path": Arg("string")})
+def file_read(args: dict[str, Any]) -> dict[str, Any]:
+    target = confined(args["path"])
+    try:
+        return {"content": target.read_text()}
+    except FileNotFoundError:
+        raise ToolError(f"no file {args['path']!r}") from None
+    except IsADirectoryError:
+        raise ToolError(f"{args['path']!r} is a directory") from None
+
+
+def _digest(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def _describe_write(args: dict[str, Any]) -> tuple[str, str]:
+    content = args.get("content", "")
+    return str(args.get("path", "")), f"{len(content)} characters, sha256 {_digest(content)[:12]}"
+
+
+def _probe_write(args: dict[str, Any], effect_id: str) -> ProbeResult:
+    target = confined(args["path"])
+    want = _digest(args["content"])
+    try:
+        have = hashlib.sha256(target.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return ProbeResult(False, f"{args['path']} does not exist")
+    if have == want:
+        return ProbeResult(
+            True, f"{args['path']} has sha256 {want}", {"path": args["path"], "sha256": want}
+        )
+    return ProbeResult(False, f"{args['path']} has sha256 {have}, not {want}")
+
+
+@tool(
+    "file.write",
+    args={"path": Arg("string"), "content": Arg("string")},
+    side_effect=True,
+    safe_to_repeat=True,
+    describe=_describe_write,
+    probe=_probe_write,
+)
+def file_write(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    """Write-and-rename with fsync of the file and its folder: all of it or none of it."""
+    target = confined(args["path"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = args["content"].encode()
+    tmp = target.with_name(f".{target.name}.{effect_id[:16]}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return {"path": args["path"], "sha256": hashlib.sha256(data).hexdigest()}

@@ -1,0 +1,88 @@
+"""email.send through Django's email framework: SMTP when EMAIL_HOST is set, files otherwise.
+
+The Message-ID is derived from the effect id, so a receiver (or a probe of the file backend)
+can tell a repeat from a new message.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import socket
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+
+from ..effects import EffectNotSent, EffectRejected
+from . import Arg, ProbeResult, tool
+
+
+def message_id(effect_id: str) -> str:
+    return f"<{effect_id[:40]}@pippa-loop>"
+
+
+def _describe(args: dict[str, Any]) -> tuple[str, str]:
+    to = ", ".join(str(a) for a in args.get("to", []))
+    return to, f"subject {args.get('subject', '')!r}, {len(str(args.get('body', '')))} characters"
+
+
+def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
+    """The file backend keeps what it sent: look for the Message-ID there."""
+    if settings.EMAIL_BACKEND != "django.core.mail.backends.filebased.EmailBackend":
+        return ProbeResult(None, "an SMTP server cannot be asked what it received")
+    wanted = f"Message-ID: {message_id(effect_id)}"
+    folder = Path(settings.EMAIL_FILE_PATH)
+    for path in sorted(folder.glob("*.log")) if folder.exists() else []:
+        if wanted in path.read_text(errors="replace"):
+            return ProbeResult(True, f"found in {path.name}", {"message_id": message_id(effect_id)})
+    return ProbeResult(False, f"no message with that Message-ID under {folder}")
+
+
+@tool(
+    "email.send",
+    args={
+        "to": Arg("list", items="string"),
+        "subject": Arg("string"),
+        "body": Arg("string"),
+        "cc": Arg("list", required=False, items="string"),
+        "from": Arg("string", required=False),
+    },
+    side_effect=True,
+    describe=_describe,
+    probe=_probe,
+)
+def email_send(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    if not args["to"]:
+        raise EffectRejected("'to' must name at least one recipient")
+    mid = message_id(effect_id)
+    message = EmailMessage(
+        subject=args["subject"],
+        body=args["body"],
+        from_email=args.get("from") or settings.DEFAULT_FROM_EMAIL,
+        to=args["to"],
+        cc=args.get("cc") or [],
+        headers={"Message-ID": mid},
+    )
+    connection = get_connection(fail_silently=False)
+    try:
+        connection.open()
+    except (OSError, smtplib.SMTPConnectError, smtplib.SMTPHeloError, socket.gaierror) as exc:
+        raise EffectNotSent(f"could not reach the mail server: {exc}") from exc
+    except smtplib.SMTPAuthenticationError as exc:
+        raise EffectRejected(f"the mail server refused our login: {exc}") from exc
+    try:
+        message.connection = connection
+        message.send()
+    except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:
+        raise EffectRejected(f"the mail server refused the message: {exc}") from exc
+    except smtplib.SMTPDataError as exc:
+        if 400 <= exc.smtp_code < 500:
+            raise EffectNotSent(f"the mail server deferred the message: {exc}") from exc
+        raise EffectRejected(f"the mail server refused the message: {exc}") from exc
+    finally:
+        try:
+            connection.close()
+        except Exception:  # noqa: S110 - the outcome is already decided
+            pass
+    return {"message_id": mid}

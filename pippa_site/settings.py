@@ -1,0 +1,219 @@
+"""Wiring only: every knob comes from the environment, with safe embedded defaults.
+
+Embedded default: a SQLite file (WAL, synchronous=FULL on every connection), the in-memory
+channel layer, no other service. Scale-out: DATABASE_URL to PostgreSQL, REDIS_URL to Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from None
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+DATA_DIR = Path(os.environ.get("PIPPA_DATA_DIR", BASE_DIR / "var"))
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    # A per-installation key kept beside the data, so restarts keep sessions valid.
+    key_file = DATA_DIR / "secret_key"
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    if not key_file.exists():
+        import secrets
+
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    SECRET_KEY = key_file.read_text().strip()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "loop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "pippa_site.urls"
+ASGI_APPLICATION = "pippa_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def database_from_url(url: str | None) -> dict[str, Any]:
+    """SQLite by default; `sqlite:////abs/path` or `postgres://…` from DATABASE_URL."""
+    if not url:
+        url = f"sqlite:///{DATA_DIR / 'pippa.sqlite3'}"
+    config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        config["OPTIONS"] = {
+            # Every connection: WAL so readers never block the writer, and FULL so a
+            # committed intent survives a power cut (an intent a power cut can lose is no intent).
+            "init_command": (
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"
+            ),
+            # BEGIN IMMEDIATE: a transaction takes the write lock up front, so a
+            # read-then-write inside it never fails half-way on an upgrade.
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env_int("LOOP_SQLITE_BUSY_TIMEOUT", 30),
+        }
+        # Tests run on a file too (never in memory), beside the real one.
+        name = Path(str(config["NAME"]))
+        config["TEST"] = {"NAME": str(name.with_name(f"test_{name.name}"))}
+    return config
+
+
+DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL"))}
+# Extra aliases for the sql.execute tool: LOOP_SQL_DATABASES="name=url,name2=url2".
+for _pair in env_list("LOOP_SQL_DATABASES", []):
+    _name, _, _url = _pair.partition("=")
+    if not _url:
+        raise ImproperlyConfigured(f"LOOP_SQL_DATABASES entry {_pair!r} must be name=url")
+    DATABASES[_name.strip()] = dict(dj_database_url.parse(_url.strip()))
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "loop:home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+
+# Email: SMTP when EMAIL_HOST is set, otherwise files under var/mail (never silently dropped).
+if os.environ.get("EMAIL_HOST"):
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = os.environ["EMAIL_HOST"]
+    EMAIL_PORT = env_int("EMAIL_PORT", 25)
+    EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+    EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+    EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+    EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 30)
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = str(DATA_DIR / "mail")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "pippa@localhost")
+
+# The loop (DESIGN.md).
+LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5)
+LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60)
+LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30)
+LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
+LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", 60)
+LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)
+LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2)
+LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300)
+LOOP_CONFIRM_SIDE_EFFECTS = env_bool("LOOP_CONFIRM_SIDE_EFFECTS", False)
+LOOP_RESUME_UNSENT = os.environ.get("LOOP_RESUME_UNSENT", "scheduled")
+if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
+    raise ImproperlyConfigured("LOOP_RESUME_UNSENT must be 'scheduled' or 'always'")
+LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64)
+LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
+LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
+LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30)
+# Where http.post/put may ask "do you know this Idempotency-Key?" (a probe); {key} is filled in.
+LOOP_HTTP_PROBE_URL = os.environ.get("LOOP_HTTP_PROBE_URL", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "loop": {"handlers": ["console"], "level": os.environ.get("LOOP_LOG_LEVEL", "INFO")},
+    },
+}

@@ -1,0 +1,143 @@
+"""Shared helpers: named personas, small plan builders, an in-process worker, and real
+`runloop` processes on the test database file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+
+from loop import actions, plans
+from loop.models import Task
+from loop.runner import Runner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step(key: str, tool: str = "echo", **fields: Any) -> dict[str, Any]:
+    args = fields.pop("args", {"value": key} if tool == "echo" else {})
+    return {"key": key, "tool": tool, "args": args, **fields}
+
+
+def make_task(*steps: dict[str, Any], title: str = "test task", actor: str = "test") -> Task:
+    spec = plans.validate({"title": title, "steps": list(steps)})
+    return actions.create_task(plan=spec, actor=actor)
+
+
+@pytest.fixture
+def worker(db: None) -> Runner:
+    """A booted in-process worker; call .tick() to run one pass."""
+    runner = Runner(label="test")
+    runner.boot()
+    return runner
+
+
+def run_until_idle(runner: Runner, limit: int = 200) -> int:
+    ticks = 0
+    while runner.tick():
+        ticks += 1
+        assert ticks < limit, "the loop did not settle"
+    return ticks
+
+
+@pytest.fixture
+def dad(db: None) -> User:
+    user = User.objects.create_user("dad", password="dad-password-1")
+    user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
+    return User.objects.get(pk=user.pk)  # fresh permission cache
+
+
+@pytest.fixture
+def guest(db: None) -> User:
+    return User.objects.create_user("guest", password="guest-password-1")
+
+
+@pytest.fixture
+def file_root(tmp_path: Path, settings: Any) -> Path:
+    root = tmp_path / "files"
+    root.mkdir()
+    settings.LOOP_FILE_ROOT = str(root)
+    return root
+
+
+# ---- real processes --------------------------------------------------------------------------
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """Environment for a child `manage.py` on the same (test) database as this test."""
+    db = connection.settings_dict
+    env = dict(os.environ)
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env["PIPPA_DATA_DIR"] = str(Path(settings.DATA_DIR))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env or process_env(),
+        timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def start_runloop(*args: str, env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runloop", *args],
+        env=env or process_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def task_json(task_id: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    return json.loads(manage("task", str(task_id), "--json", env=env))
+
+
+def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Collects child processes and SIGKILLs whatever is left at the end of the test."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        kill(proc)

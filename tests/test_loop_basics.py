@@ -1,0 +1,104 @@
+"""The tick end to end, in process: steps run in order, outputs flow, tasks finish."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loop import actions
+from loop.models import Event, Step, Task
+from loop.runner import Runner
+
+from .conftest import make_task, run_until_idle, step
+
+
+def test_steps_run_in_order_and_outputs_flow(worker: Runner) -> None:
+    task = make_task(
+        step("a", args={"value": {"n": 2}}),
+        step("b", args={"value": "n is ${a.value.n}"}),
+    )
+    run_until_idle(worker)
+    task.refresh_from_db()
+    assert task.state == "done"
+    b = task.steps.get(key="b")
+    assert b.output == {"value": "n is 2"} and b.attempts == 1
+    kinds = list(Event.objects.filter(task=task).values_list("kind", flat=True))
+    assert kinds.count("step_started") == 2 and kinds.count("step_done") == 2
+
+
+def test_transient_error_retries_then_fails_at_the_cap(worker: Runner, file_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOP_RETRY_BASE_SECONDS = 0
+    task = make_task(
+        step("fetch", "http.get", args={"url": "http://127.0.0.1:9/nothing"}, max_attempts=3),
+        step("after"),
+    )
+    run_until_idle(worker)
+    fetch = task.steps.get(key="fetch")
+    assert fetch.state == "failed" and fetch.attempts == 3
+    assert "gave up after 3 attempts" in fetch.error
+    task.refresh_from_db()
+    assert task.state == "paused"  # "after" remains: the task waits for a person
+
+def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -> None:
+    task = make_task(step("read", "file.read", args={"path": "missing.txt"}), step("after"))
+    run_until_idle(worker)
+    task.refresh_from_db()
+    assert task.state == "paused"
+    assert task.steps.get(key="read").state == "failed"
+    actions.resume(task_id=task.pk, actor="dad")
+    run_until_idle(worker)
+    task.refresh_from_db()
+    assert task.state == "done"
+    assert task.steps.get(key="after").state == "done"
+
+
+def test_add_steps_after_a_key_and_supersede(worker: Runner) -> None:
+    task = make_task(step("a"), step("c"))
+    actions.add_steps(task_id=task.pk, steps=[step("b")], after="a", actor="pippa")
+    assert list(task.steps.order_by("position").values_list("key", flat=True)) == ["a", "b", "c"]
+    from loop import plans
+
+    successor = actions.supersede(
+        task_id=task.pk, plan=plans.validate({"title": "v2", "steps": [step("x")]}), actor="pippa"
+    )
+    run_until_idle(worker)
+    task.refresh_from_db()
+    assert task.state == "superseded" and task.successor_id == successor.pk
+    assert not Step.objects.filter(task=task, state="done").exists()
+    assert Task.objects.get(pk=successor.pk).state == "done"
+
+
+def test_stale_holder_commit_is_refused_and_journaled(worker: Runner) -> None:
+    from loop.judges import Verdict
+    from loop.runner import Started
+
+    task = make_task(step("a"))
+    from django.db import transaction
+
+    from loop import lease
+
+    with transaction.atomic():
+        task_id, epoch = lease.claim(worker.worker_id)  # type: ignore[misc]
+        started = worker._begin(task_id, epoch)
+    assert isinstance(started, Started)
+    Task.objects.filter(pk=task.pk).update(lease_until=None)  # the lease ran out
+    other = Runner(label="other")
+    other.boot()
+    with transaction.atomic():
+        assert lease.claim(other.worker_id) == (task.pk, epoch + 1)
+    assert worker.commit(started, Verdict.done({"late": True})) is False
+    assert Event.objects.filter(kind="late_result", step=started.step).exists()
+    assert Step.objects.get(pk=started.step.pk).output is None
+
+
+@pytest.mark.parametrize("bad", ["pause", "resume"])
+def test_illegal_task_moves_are_refused(db: None, bad: str) -> None:
+    task = make_task(step("a"))
+    if bad == "resume":
+        with pytest.raises(actions.Refused, match="can't resume when running"):
+            actions.resume(task_id=task.pk, actor="dad")
+    else:
+        actions.pause(task_id=task.pk, actor="dad")
+        with pytest.raises(actions.Refused, match="can't pause when paused"):
+            actions.pause(task_id=task.pk, actor="dad")
