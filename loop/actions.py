@@ -231,6 +231,10 @@ def unblock(
             )
         raise PermissionDenied("you may not answer questions (loop.confirm_step)")
     with transaction.atomic():
+        # Lock order everywhere: the task row, then its steps (the runner's claim holds the
+        # task row while it writes the step).
+        task_id = Step.objects.values_list("task_id", flat=True).get(pk=step_id)
+        task = Task.objects.select_for_update().get(pk=task_id)
         step = Step.objects.select_for_update().get(pk=step_id)
         if step.state != StepState.BLOCKED:
             raise Refused(f"step '{step.key}' is {step.state}, not blocked")
@@ -238,7 +242,6 @@ def unblock(
             raise Refused(
                 f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
             )
-        task = Task.objects.select_for_update().get(pk=step.task_id)
         journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
         unsettled = list(step.effects.filter(state=EffectState.UNCERTAIN))
         if decision in ("deny", "fail"):
