@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from loop import actions, guard, lease
+from loop import actions, effects, guard, lease
 from loop.guard import Decision, EffectFacts, StepFacts
 from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner, Started
@@ -182,6 +182,17 @@ def test_a_safe_to_repeat_write_cut_mid_effect_simply_runs_again(db: None, file_
     assert note.state == "done" and not note.question_kind
     assert effect.state == "succeeded" and effect.sends == 2
     assert (file_root / "n.txt").read_text() == "v2"
+
+
+def test_doubting_an_effect_that_was_settled_meanwhile_changes_nothing(
+    db: None, receiver: Receiver
+) -> None:
+    task = make_task(post(receiver.url()))
+    cut(task, sent_not_recorded)
+    stale = Effect.objects.get(task=task)  # read as `running` …
+    Effect.objects.filter(pk=stale.pk).update(state="succeeded")  # … settled by its late report
+    effects.doubt(stale, actor="boot", why="server process ended before the effect completed")
+    assert stale.state == "succeeded" and Effect.objects.get(pk=stale.pk).state == "succeeded"
 
 
 # ---- guard.decide, pure ------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import smtplib
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import dj_database_url
 import pytest
 from django.conf import settings as django_settings
+from django.core.mail.backends.smtp import EmailBackend as SmtpBackend
 
 from loop import effects, plans, tools
 from loop.judges import tool as tool_judge
@@ -191,6 +194,22 @@ def test_file_write_writes_the_content_and_its_probe_knows_the_digest(
     assert probe({"path": "nothing.txt", "content": "hi"}, effect.pk).found is False
 
 
+def test_an_unexpected_failure_of_a_safe_to_repeat_write_retries_without_asking(
+    worker: Runner, file_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tools.get("file.write")
+
+    def broken(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+        raise RuntimeError("the disk controller hiccuped")
+
+    monkeypatch.setitem(tools._registry, "file.write", dataclasses.replace(real, run=broken))
+    task = make_task(step("note", "file.write", args={"path": "n.txt", "content": "x"}))
+    assert worker.tick()
+    note, effect = only_step(task), only_effect(task)
+    assert note.state == "running" and note.retry_at is not None and not note.question_kind
+    assert effect.state == "pending" and "hiccuped" in effect.error
+
+
 @pytest.mark.parametrize(
     ("tool", "args"),
     [
@@ -251,6 +270,26 @@ def test_a_recipient_the_server_refuses_is_rejected(worker: Runner, mailbox: Mai
     run_until_idle(worker)
     assert only_step(task).state == "failed" and only_effect(task).state == "failed"
     assert mailbox.messages == []
+
+
+def test_a_recipient_the_server_defers_was_not_sent(worker: Runner, mailbox: Mailbox) -> None:
+    mailbox.refuse_rcpt = "450 mailbox busy, try later"
+    task = make_task(mail())
+    assert worker.tick()
+    assert only_step(task).retry_at is not None and only_effect(task).state == "pending"
+    assert mailbox.messages == []
+
+
+def test_a_refused_smtp_login_is_rejected_not_retried(
+    worker: Runner, mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse_login(self: Any) -> None:
+        raise smtplib.SMTPAuthenticationError(535, b"bad credentials")
+
+    monkeypatch.setattr(SmtpBackend, "open", refuse_login)
+    task = make_task(mail())
+    run_until_idle(worker)
+    assert only_step(task).state == "failed" and "refused our login" in only_step(task).error
 
 
 def test_an_unreachable_mail_server_was_not_sent(worker: Runner, settings: Any) -> None:
