@@ -136,8 +136,7 @@ def _answer_from_row(holder: Holder, effect: Effect) -> dict[str, Any] | None:
         if effect.lease_until and effect.lease_until > timezone.now():
             raise EffectBusy(effect.lease_until)
         doubt(effect, actor=holder.actor, why="its claim lapsed before the outcome was recorded")
-        if effect.state == EffectState.UNCERTAIN:
-            raise StepMustAsk([effect])
+        return _answer_from_row(holder, effect)  # now pending, uncertain, or settled meanwhile
     return None
 
 
@@ -171,6 +170,11 @@ def _perform(holder: Holder, effect: Effect, tool: Tool, args: dict[str, Any]) -
         _settle(effect, "reject", holder, mine, {"error": str(exc)})
         raise EffectRejected(str(exc)) from exc
     except Exception as exc:  # anything else: it may have happened
+        if tool.safe_to_repeat:
+            # Performing it again is harmless (§5): no question, back to `pending` and retry.
+            log.warning("effect %s %s failed, will repeat: %r", effect.tool, effect.target, exc)
+            _settle(effect, "requeue", holder, mine, {"error": f"{type(exc).__name__}: {exc}"})
+            raise EffectNotSent(f"{type(exc).__name__}: {exc} (safe to repeat)") from exc
         log.warning("effect %s %s uncertain: %r", effect.tool, effect.target, exc)
         _settle(
             effect, "doubt", holder, mine, {"error": f"{type(exc).__name__}: {exc}", "evidence": ""}
@@ -216,12 +220,16 @@ def doubt(effect: Effect, *, actor: str, why: str) -> None:
     all others become `uncertain`. Runs in its own transaction unless the caller has one."""
     with transaction.atomic():
         event = "requeue" if effect.safe_to_repeat else "doubt"
-        move_effect(
-            effect,
-            event,
-            actor=actor,
-            fields={"error": why, "evidence": "", "lease_owner": None, "lease_until": None},
-        )
+        try:
+            move_effect(
+                effect,
+                event,
+                actor=actor,
+                fields={"error": why, "evidence": "", "lease_owner": None, "lease_until": None},
+            )
+        except Conflict:
+            # Settled meanwhile (its late outcome, another worker's boot): nothing to doubt.
+            effect.refresh_from_db()
 
 
 def probe_and_settle(effect: Effect, tool: Tool, *, actor: str) -> bool:

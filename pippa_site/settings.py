@@ -204,6 +204,8 @@ if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
 LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
+# sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
+LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30)
 # Where http.post/put may ask "do you know this Idempotency-Key?" (a probe); {key} is filled in.
 LOOP_HTTP_PROBE_URL = os.environ.get("LOOP_HTTP_PROBE_URL", "")

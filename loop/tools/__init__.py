@@ -6,7 +6,6 @@ imports them when Django starts (`LoopConfig.ready`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,9 +162,4 @@ def names() -> list[str]:
 
 
 def load_builtin() -> None:
-    for module in ("basic", "http", "files", "mail", "sql", "shell"):
-        try:
-            importlib.import_module(f"loop.tools.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"loop.tools.{module}":
-                raise
+    from . import basic, files, http, mail, shell, sql  # noqa: F401 - they register themselves

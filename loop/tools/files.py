@@ -3,6 +3,7 @@ LOOP_FILE_ROOT."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
+from ..effects import EffectNotSent, EffectRejected
 from . import Arg, ProbeResult, ToolError, tool
 
 
@@ -65,19 +67,32 @@ def _probe_write(args: dict[str, Any], effect_id: str) -> ProbeResult:
     probe=_probe_write,
 )
 def file_write(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
-    """Write-and-rename with fsync of the file and its folder: all of it or none of it."""
+    """Write-and-rename with fsync of the file and its folder: all of it or none of it.
+
+    A path that can never be written (a folder, no permission) is rejected; any other failure
+    leaves the old file in place and is simply tried again (the kind is safe to repeat)."""
     target = confined(args["path"])
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise EffectRejected(f"{args['path']!r} is a directory")
     data = args["content"].encode()
     tmp = target.with_name(f".{target.name}.{effect_id[:16]}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-    folder = os.open(target.parent, os.O_RDONLY)
     try:
-        os.fsync(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except (PermissionError, NotADirectoryError, IsADirectoryError) as exc:
+        raise EffectRejected(f"can't write {args['path']!r}: {exc.strerror}") from exc
+    except OSError as exc:  # a full disk, an I/O error: the rename did not happen, or repeats
+        raise EffectNotSent(f"writing {args['path']!r} failed: {exc.strerror or exc}") from exc
     finally:
-        os.close(folder)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return {"path": args["path"], "sha256": hashlib.sha256(data).hexdigest()}

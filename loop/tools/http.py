@@ -8,11 +8,13 @@ uncertain. The effect id goes out as `Idempotency-Key`.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import socket
 import ssl
 import urllib.parse
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -86,11 +88,18 @@ def _describe(method: str) -> Any:
 def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     if "json" in args and "body" in args:
         raise ToolError("give 'json' or 'body', not both")
-    headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
+    # Ours, whatever the plan says: a caller's own Idempotency-Key (any spelling) would
+    # let two different effects look alike to the receiver.
+    headers = {
+        str(k): str(v)
+        for k, v in (args.get("headers") or {}).items()
+        if str(k).lower() != "idempotency-key"
+    }
     headers["Idempotency-Key"] = effect_id
     if "json" in args:
         payload = json.dumps(args["json"]).encode()
-        headers.setdefault("Content-Type", "application/json")
+        if not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
     else:
         payload = str(args.get("body", "")).encode()
     conn, path = _connection(args["url"])
@@ -101,6 +110,14 @@ def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
             raise EffectNotSent(f"{method} {args['url']}: {exc}") from exc
         try:
             conn.request(method, path, body=payload, headers=headers)
+        except ValueError as exc:
+            # A header http.client refuses (it checks them all before writing a byte).
+            raise EffectRejected(f"{method} {args['url']}: {exc}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise EffectUncertainError(
+                f"{method} {args['url']}: {exc} while the request was written"
+            ) from exc
+        try:
             response = conn.getresponse()
             body = _read(response)
         except (OSError, http.client.HTTPException) as exc:
@@ -113,14 +130,28 @@ def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     if 200 <= status < 300:
         return {"status": status, "body": body}
     if status == 429:
-        retry_after = response.getheader("Retry-After") or ""
-        delay = float(retry_after) if retry_after.isdigit() else None
+        delay = retry_after_seconds(response.getheader("Retry-After") or "")
         raise EffectNotSent(f"{method} {args['url']}: HTTP 429", retry_after=delay)
     if status == 408 or status >= 500:
         raise EffectUncertainError(f"{method} {args['url']}: HTTP {status}")
     if 400 <= status < 500:
         raise EffectRejected(f"{method} {args['url']}: HTTP {status}: {str(body)[:500]}")
     raise EffectUncertainError(f"{method} {args['url']}: unexpected HTTP {status}")
+
+
+def retry_after_seconds(value: str) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP-date; None if absent or
+    unreadable (the backoff decides)."""
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:

@@ -6,6 +6,8 @@ can tell a repeat from a new message.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import smtplib
 import socket
 from pathlib import Path
@@ -19,7 +21,12 @@ from . import Arg, ProbeResult, tool
 
 
 def message_id(effect_id: str) -> str:
-    return f"<{effect_id[:40]}@pippa-loop>"
+    """A Message-ID unique to the effect. A caller's own idempotency key is hashed, so two keys
+    sharing a prefix (or holding characters a header can't carry) never look alike."""
+    token = effect_id
+    if not re.fullmatch(r"[0-9a-f]{64}", effect_id):
+        token = hashlib.sha256(effect_id.encode()).hexdigest()
+    return f"<{token[:40]}@pippa-loop>"
 
 
 def _describe(args: dict[str, Any]) -> tuple[str, str]:
@@ -67,15 +74,23 @@ def email_send(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     connection = get_connection(fail_silently=False)
     try:
         connection.open()
-    except (OSError, smtplib.SMTPConnectError, smtplib.SMTPHeloError, socket.gaierror) as exc:
-        raise EffectNotSent(f"could not reach the mail server: {exc}") from exc
-    except smtplib.SMTPAuthenticationError as exc:
+    except smtplib.SMTPAuthenticationError as exc:  # an OSError too: it must come first
         raise EffectRejected(f"the mail server refused our login: {exc}") from exc
+    except (OSError, socket.gaierror) as exc:  # refused, DNS, TLS, HELO: before any message
+        raise EffectNotSent(f"could not reach the mail server: {exc}") from exc
     try:
         message.connection = connection
         message.send()
-    except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:
-        raise EffectRejected(f"the mail server refused the message: {exc}") from exc
+    except smtplib.SMTPRecipientsRefused as exc:
+        # Every recipient refused before DATA: nothing was delivered. 4xx codes say "later".
+        codes = [code for code, _ in exc.recipients.values()]
+        if codes and all(400 <= code < 500 for code in codes):
+            raise EffectNotSent(f"the mail server deferred every recipient: {exc}") from exc
+        raise EffectRejected(f"the mail server refused the recipients: {exc}") from exc
+    except smtplib.SMTPSenderRefused as exc:
+        if 400 <= exc.smtp_code < 500:
+            raise EffectNotSent(f"the mail server deferred the sender: {exc}") from exc
+        raise EffectRejected(f"the mail server refused the sender: {exc}") from exc
     except smtplib.SMTPDataError as exc:
         if 400 <= exc.smtp_code < 500:
             raise EffectNotSent(f"the mail server deferred the message: {exc}") from exc

@@ -1,0 +1,244 @@
+"""sql.execute (a side effect): one statement against a configured database, exactly once.
+
+The target is a Django database alias (LOOP_SQL_DATABASES="name=url,…" adds them), never the
+loop's own `default` unless LOOP_SQL_ALLOW_DEFAULT is set: a tool that can write the loop's
+tables could rewrite its own journal and receipts. Without `database`, the first alias listed
+in LOOP_SQL_DATABASES is used.
+
+Exactly once, where the database allows (SQLite and PostgreSQL, whose DDL is transactional
+too): the effect id goes into a small table `pippa_effects` in the SAME transaction as the
+statement. So
+
+- a repeat of a committed effect is refused by the primary key and answered from that row;
+- everything before COMMIT is certain: a failure there rolls the statement back (an error in
+  the statement is rejected, a lost connection is not sent);
+- only a failed COMMIT is uncertain, and the probe settles it: the row is there or it is not.
+
+Each call opens its own connection and closes it; the loop's connections are never used.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+)
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
+from django.utils import timezone
+
+from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
+from . import Arg, ProbeResult, ToolError, tool
+
+log = logging.getLogger("loop.tools.sql")
+
+TABLE = "pippa_effects"
+VENDORS = {"sqlite", "postgresql"}
+REJECTED = (IntegrityError, ProgrammingError, DataError, NotSupportedError)
+
+
+def aliases() -> list[str]:
+    """The aliases sql.execute may use, the default one first."""
+    names = [alias for alias in settings.DATABASES if alias != "default"]
+    if settings.LOOP_SQL_ALLOW_DEFAULT:
+        names.append("default")
+    return names
+
+
+def _same_database(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("ENGINE", "NAME", "HOST", "PORT")
+    return all(str(a.get(k) or "") == str(b.get(k) or "") for k in keys)
+
+
+def _alias(args: dict[str, Any]) -> str:
+    allowed = aliases()
+    alias = args.get("database")
+    if alias is None:
+        if not allowed:
+            raise ToolError("no database is configured for sql.execute (LOOP_SQL_DATABASES)")
+        return allowed[0]
+    if alias == "default" and alias not in allowed:
+        raise ToolError(
+            "'database': the loop's own database 'default' is off limits "
+            "(set LOOP_SQL_ALLOW_DEFAULT=true to allow it)"
+        )
+    if alias not in allowed:
+        raise ToolError(
+            f"'database': no database {alias!r} (configured: {', '.join(allowed) or 'none'})"
+        )
+    if (
+        alias != "default"
+        and not settings.LOOP_SQL_ALLOW_DEFAULT
+        and _same_database(settings.DATABASES[alias], settings.DATABASES["default"])
+    ):
+        raise ToolError(f"'database': {alias!r} is the loop's own database under another name")
+    return str(alias)
+
+
+def _open(alias: str) -> BaseDatabaseWrapper:
+    """A private connection for `alias` (not Django's shared one for this thread)."""
+    config = dict(settings.DATABASES[alias])
+    config.update(ATOMIC_REQUESTS=False, AUTOCOMMIT=True, CONN_MAX_AGE=0)
+    for name, default in [("CONN_HEALTH_CHECKS", False), ("OPTIONS", {}), ("TIME_ZONE", None)]:
+        config.setdefault(name, default)
+    for name in ["NAME", "USER", "PASSWORD", "HOST", "PORT"]:
+        config.setdefault(name, "")
+    # Its own alias name too: this connection is ours alone, never Django's shared one.
+    private = f"sql.execute:{alias}"
+    wrapper: BaseDatabaseWrapper = load_backend(config["ENGINE"]).DatabaseWrapper(config, private)
+    if wrapper.vendor not in VENDORS:
+        raise ToolError(f"sql.execute supports SQLite and PostgreSQL, not {wrapper.vendor}")
+    return wrapper
+
+
+def _params(args: dict[str, Any]) -> Any:
+    params = args.get("params")
+    if params is not None and not isinstance(params, list | dict):
+        raise ToolError("'params' must be a list or an object")
+    return params
+
+
+def _describe(args: dict[str, Any]) -> tuple[str, str]:
+    try:
+        alias = _alias(args)
+    except ToolError:
+        alias = str(args.get("database", "?"))
+    sql = " ".join(str(args.get("sql", "")).split())
+    summary = sql if len(sql) <= 160 else sql[:159] + "…"
+    if args.get("params") is not None:
+        summary += f" with {args['params']!r}"[:200]
+    return f"database {alias}", summary
+
+
+@tool(
+    "sql.execute",
+    args={
+        "database": Arg("string", required=False),
+        "sql": Arg("string"),
+        "params": Arg("any", required=False),
+    },
+    side_effect=True,
+    describe=lambda args: _describe(args),
+    probe=lambda args, effect_id: _probe(args, effect_id),
+)
+def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    alias = _alias(args)
+    params = _params(args)
+    db = _open(alias)
+    try:
+        try:
+            db.ensure_connection()
+            with db.cursor() as cursor:  # autocommit: a table made once stays made
+                cursor.execute(
+                    f"CREATE TABLE IF NOT EXISTS {TABLE} ("  # noqa: S608 - a constant name
+                    "effect_id VARCHAR(64) PRIMARY KEY, at VARCHAR(40) NOT NULL, rowcount INTEGER)"
+                )
+        except REJECTED as exc:
+            raise EffectRejected(f"database {alias}: can't keep {TABLE}: {exc}") from exc
+        except DatabaseError as exc:
+            raise EffectNotSent(f"database {alias}: {exc}") from exc
+        try:
+            db.set_autocommit(False)
+            with db.cursor() as cursor:
+                try:
+                    cursor.execute(
+                        f"INSERT INTO {TABLE} (effect_id, at) VALUES (%s, %s)",  # noqa: S608
+                        [effect_id, timezone.now().isoformat()],
+                    )
+                except IntegrityError:
+                    db.rollback()
+                    return _repeat(db, alias, effect_id)
+                cursor.execute(args["sql"], params)
+                rowcount = cursor.rowcount
+                cursor.execute(
+                    f"UPDATE {TABLE} SET rowcount = %s WHERE effect_id = %s",  # noqa: S608
+                    [rowcount, effect_id],
+                )
+        except DatabaseError as exc:  # before COMMIT: rolled back, so it did not happen
+            _rollback(db)
+            if _statement_error(db, exc):
+                raise EffectRejected(f"database {alias}: {exc}") from exc
+            raise EffectNotSent(f"database {alias}: {exc} (rolled back)") from exc
+        try:
+            db.commit()
+        except Exception as exc:
+            raise EffectUncertainError(f"database {alias}: COMMIT failed: {exc}") from exc
+        return {"rowcount": rowcount}
+    finally:
+        try:
+            db.close()
+        except DatabaseError:
+            log.warning("closing database %s failed", alias, exc_info=True)
+
+
+def _statement_error(db: BaseDatabaseWrapper, exc: DatabaseError) -> bool:
+    """The statement itself is wrong (it would fail again): rejected, not retried. SQLite
+    reports syntax errors and unknown tables as OperationalError, beside "database is locked"."""
+    if isinstance(exc, REJECTED):
+        return True
+    if db.vendor == "sqlite" and isinstance(exc, OperationalError):
+        transient = ("locked", "busy", "disk", "full", "unable to open", "interrupted")
+        return not any(word in str(exc).lower() for word in transient)
+    return False
+
+
+def _rollback(db: BaseDatabaseWrapper) -> None:
+    try:
+        db.rollback()
+    except DatabaseError:
+        log.warning("rollback failed; closing the connection rolls back", exc_info=True)
+
+
+def _repeat(db: BaseDatabaseWrapper, alias: str, effect_id: str) -> dict[str, Any]:
+    """The effect committed before (its outcome was lost): refuse to run it again."""
+    with db.cursor() as cursor:
+        cursor.execute(
+            f"SELECT rowcount FROM {TABLE} WHERE effect_id = %s",  # noqa: S608
+            [effect_id],
+        )
+        row = cursor.fetchone()
+    log.warning("sql.execute %s: effect %s had already committed; not run again", alias, effect_id)
+    return {"rowcount": row[0] if row else None}
+
+
+def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
+    """Is this effect's row in the target's pippa_effects? A definite answer either way."""
+    alias = _alias(args)
+    db = _open(alias)
+    try:
+        with db.cursor() as cursor:
+            cursor.execute(
+                f"SELECT rowcount, at FROM {TABLE} WHERE effect_id = %s",  # noqa: S608
+                [effect_id],
+            )
+            row = cursor.fetchone()
+    except DatabaseError as exc:
+        if _table_missing(db):
+            return ProbeResult(False, f"database {alias} has no {TABLE}: nothing was committed")
+        return ProbeResult(None, f"database {alias} could not be asked: {exc}")
+    finally:
+        db.close()
+    if row is None:
+        return ProbeResult(
+            False, f"no row for this effect in {TABLE} of {alias}: the statement did not commit"
+        )
+    return ProbeResult(
+        True, f"{TABLE} of {alias} has this effect, committed {row[1]}", {"rowcount": row[0]}
+    )
+
+
+def _table_missing(db: BaseDatabaseWrapper) -> bool:
+    try:
+        db.close()
+        with db.cursor() as cursor:
+            return TABLE not in db.introspection.table_names(cursor)
+    except DatabaseError:
+        return False
