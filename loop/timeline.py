@@ -55,8 +55,10 @@ class Span:
     outcome: str  # done, retry, failed, blocked, cut, running, waiting
     attempt: int = 0
     actor: str = ""
-    x: float = 0
-    width: float = 0
+    # Geometry as text: numbers would be localized by the template, one by one.
+    x: str = ""
+    width: str = ""
+    label: str = ""
 
 
 @dataclass
@@ -64,18 +66,27 @@ class Row:
     step_id: int
     key: str
     spans: list[Span] = field(default_factory=list)
-    y: float = 0
+    short: str = ""
+    y: int = 0
+    text_y: str = ""
+    lane_y: str = ""
+    bar_y: str = ""
 
 
 @dataclass
 class Timeline:
     rows: list[Row]
-    height: float
+    height: int
     start: datetime | None
     end: datetime | None
-    width: int = WIDTH
-    label: int = LABEL
-    bar: int = BAR
+    width: str = str(WIDTH)
+    label: str = str(LABEL)
+    bar: str = str(BAR)
+    end_x: str = str(WIDTH - 4)
+
+    @property
+    def axis_y(self) -> str:
+        return str(self.height - 6)
 
     @property
     def empty(self) -> bool:
@@ -123,10 +134,16 @@ def build(steps: Sequence[tuple[int, str]], marks: Iterable[Mark], now: datetime
     end = max([now] if open_attempt or waiting else [s.end or s.start for s in spans])
     total = max((end - start).total_seconds(), 0.001)
     scale = (WIDTH - LABEL - 10) / total
+    # Everything the SVG needs is computed here: template filters in a loop of hundreds of
+    # rows are what makes a large task's timeline slow to render.
     for index, row in enumerate(rows.values()):
         row.y = TOP + index * ROW
+        row.short = row.key if len(row.key) <= 20 else row.key[:19] + "…"
+        row.text_y, row.lane_y, row.bar_y = str(row.y + 15), str(row.y + 11), str(row.y + 4)
         for span in row.spans:
             finish = span.end or now
-            span.x = LABEL + (span.start - start).total_seconds() * scale
-            span.width = max((finish - span.start).total_seconds() * scale, 3)
+            span.x = f"{LABEL + (span.start - start).total_seconds() * scale:.1f}"
+            span.width = f"{max((finish - span.start).total_seconds() * scale, 3):.1f}"
+            nth = f" attempt {span.attempt}" if span.attempt else ""
+            span.label = f"{row.key}{nth}: {span.outcome} at {span.start:%H:%M:%S}"
     return Timeline(list(rows.values()), TOP + len(rows) * ROW + AXIS, start, end)

@@ -153,9 +153,15 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
 
 
 def step_views(task: Task, only: set[int] | None = None) -> list[StepView]:
-    steps = list(task.steps.order_by("position"))
-    current = next((s.pk for s in steps if s.state not in (StepState.DONE, StepState.FAILED)), None)
-    chosen = [s for s in steps if only is None or s.pk in only]
+    """Every step of the task in plan order, or only the steps with ids in `only`."""
+    current = task.steps.open().values_list("pk", flat=True).first()
+    chosen = list(task.steps.order_by("position"))
+    if only is not None:
+        chosen = (
+            [s for s in chosen if s.pk in only]
+            if len(only) > 50
+            else list(task.steps.filter(pk__in=only).order_by("position"))
+        )
     effects = _effects_by_step([s.pk for s in chosen])
     return [step_view(s, effects[s.pk], current=s.pk == current) for s in chosen]
 
