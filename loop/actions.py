@@ -286,3 +286,85 @@ def unblock(
 
 def _cleared(**fields: Any) -> dict[str, Any]:
     return {"question_kind": "", "question_text": "", **fields}
+
+
+# ---- the dashboard and the admin ---------------------------------------------------------------
+
+
+def check_may_act(
+    user: User, *, action: str, actor: str, task_id: int | None = None, step_id: int | None = None
+) -> None:
+    """A person steering the loop from the dashboard needs `loop.confirm_step`. A refusal is
+    journaled (`decision_refused`, naming the action) and raises PermissionDenied."""
+    if user.has_perm("loop.confirm_step"):
+        return
+    with transaction.atomic():
+        step = Step.objects.filter(pk=step_id).first() if step_id is not None else None
+        journal.record(
+            EventKind.DECISION_REFUSED,
+            task=task_id,
+            step=step,
+            actor=actor,
+            action=action,
+            reason="missing permission loop.confirm_step",
+        )
+    raise PermissionDenied(f"you may not {action} (loop.confirm_step)")
+
+
+PLAN_FIELDS = ("title", "tool", "args", "side_effect", "confirm_before", "max_attempts")
+
+
+def edit_steps(
+    *, task_id: int, edits: dict[int, dict[str, Any]], actor: str
+) -> tuple[list[Step], list[Step]]:
+    """Change the plan fields (and positions) of pending steps: `edits` maps a step id to its
+    changed fields. Each write is a compare-and-set on state='pending' and touches only the
+    columns named, so nothing the loop writes is ever overwritten. A step that left pending
+    meanwhile is skipped (and so is every position change, since the order it was part of no
+    longer holds). Returns (edited, skipped); each edit is journaled as `step_edited`."""
+    allowed = {*PLAN_FIELDS, "position"}
+    for step_id, fields in edits.items():
+        unknown = sorted(set(fields) - allowed)
+        if unknown:
+            raise Refused(f"{unknown[0]}: not a plan field of step {step_id}")
+    edited: list[Step] = []
+    skipped: list[Step] = []
+    with transaction.atomic():
+        Task.objects.select_for_update().get(pk=task_id)
+        steps = {s.pk: s for s in Step.objects.filter(task_id=task_id, pk__in=list(edits))}
+        if len(steps) != len(edits):
+            raise Refused("a step in the edit is not in this task")
+        moving = {pk: f["position"] for pk, f in edits.items() if "position" in f}
+        reorder_dropped = bool(moving) and any(
+            steps[pk].state != StepState.PENDING for pk in moving
+        )
+        if reorder_dropped:
+            moving = {}
+        elif sorted(moving.values()) != sorted(steps[pk].position for pk in moving):
+            raise Refused("position: pending steps can only be reordered among themselves")
+        if moving:
+            top = Step.objects.filter(task_id=task_id).aggregate(top=Max("position"))["top"]
+            for offset, pk in enumerate(moving):  # out of the way first: (task, position) is unique
+                Step.objects.filter(pk=pk, state=StepState.PENDING).update(
+                    position=top + 1 + offset
+                )
+            for pk, position in moving.items():
+                Step.objects.filter(pk=pk, state=StepState.PENDING).update(position=position)
+        for pk, fields in edits.items():
+            step = steps[pk]
+            changes = {k: v for k, v in fields.items() if k != "position"}
+            lost_order = reorder_dropped and "position" in fields
+            if step.state != StepState.PENDING or lost_order:
+                skipped.append(step)
+                continue
+            if (
+                changes
+                and Step.objects.filter(pk=pk, state=StepState.PENDING).update(**changes) != 1
+            ):
+                skipped.append(step)  # it left pending after we read it
+                continue
+            names = sorted(changes) + (["position"] if pk in moving else [])
+            if names:
+                journal.record(EventKind.STEP_EDITED, step=step, actor=actor, fields=names)
+                edited.append(step)
+    return edited, skipped

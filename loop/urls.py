@@ -1,8 +1,17 @@
 from django.urls import path
 
 from . import views
+from .pages import decide, home, task
 
 app_name = "loop"
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("", home.home, name="home"),
+    path("tasks/new", home.new_task, name="new_task"),
+    path("tasks/<int:task_id>", task.task_page, name="task"),
+    path("tasks/<int:task_id>/steps", task.add_steps, name="add_steps"),
+    path("tasks/<int:task_id>/supersede", task.supersede, name="supersede"),
+    path("tasks/<int:task_id>/pause", decide.pause, name="pause"),
+    path("tasks/<int:task_id>/resume", decide.resume, name="resume"),
+    path("steps/<int:step_id>/decide", decide.decide, name="decide"),
 ]

@@ -202,6 +202,8 @@ LOOP_RESUME_UNSENT = os.environ.get("LOOP_RESUME_UNSENT", "scheduled")
 if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
     raise ImproperlyConfigured("LOOP_RESUME_UNSENT must be 'scheduled' or 'always'")
 LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64)
+# How often each server process's live tailer looks for new journal events.
+LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).

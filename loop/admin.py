@@ -1,0 +1,220 @@
+"""The admin for plans (DESIGN.md §13, §15 invariant 10).
+
+A task with its steps inline: pending steps' plan fields are editable and reorderable (by
+position); running, done, failed and blocked steps are read-only. Nothing is saved through
+the model: `save_model` writes nothing, and `save_formset` hands only the changed plan fields
+to `actions.edit_steps`, which writes them with a compare-and-set on state='pending' and
+journals each edit. So an admin save can never overwrite what the loop writes (state,
+attempts, lease, outputs, effects, errors, questions), even when the loop commits while the
+form is open; a step that left pending meanwhile is left alone and the admin says so.
+The journal, effects and workers are read-only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Model, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+
+from . import actions, tools
+from .models import Effect, Event, Step, StepState, Task, Worker
+
+EDITABLE = ("position", *actions.PLAN_FIELDS)
+
+
+class StepForm(forms.ModelForm):
+    # The state the person saw when the form was drawn: a step that left pending since is
+    # not touched, and the admin says so.
+    seen_state = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = Step
+        fields = ("position", "key", *actions.PLAN_FIELDS)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["key"].disabled = True  # later steps refer to it by key
+        self.fields["seen_state"].initial = self.instance.state
+        if self.instance.pk is None or self.instance.state != StepState.PENDING:
+            for field in self.fields.values():
+                field.disabled = True
+
+    @property
+    def editable(self) -> bool:
+        return not self.fields["position"].disabled
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.editable or not self.has_changed():
+            return data
+        try:
+            tool = tools.get(data.get("tool") or "")
+        except tools.ToolError:
+            self.add_error(
+                "tool", f"unknown tool '{data.get('tool')}' (known: {', '.join(tools.names())})"
+            )
+            return data
+        where = f"step '{self.instance.key}'"
+        for error in tool.check_args(data.get("args"), where):
+            self.add_error("args", error)
+        if tool.side_effect and not data.get("side_effect"):
+            self.add_error("side_effect", f"{where}: tool '{tool.name}' has side effects")
+        if data.get("confirm_before") and not (data.get("side_effect") or tool.side_effect):
+            self.add_error("confirm_before", f"{where}: only a side-effect step can ask first")
+        max_attempts = data.get("max_attempts")
+        if max_attempts is not None and not 1 <= max_attempts <= 100:
+            self.add_error("max_attempts", f"{where}: must be a whole number from 1 to 100")
+        return data
+
+    def validate_unique(self) -> None:
+        """Positions are swapped by `actions.edit_steps`, which keeps (task, position) unique
+        at every statement; checking each row alone against the old order would refuse any
+        reordering."""
+
+    def changes(self) -> dict[str, Any]:
+        if not self.editable or self.errors or not hasattr(self, "cleaned_data"):
+            return {}
+        return {name: self.cleaned_data[name] for name in self.changed_data if name in EDITABLE}
+
+    def stale_edits(self) -> list[str]:
+        """Fields the person changed on a step that was pending when the form was drawn but
+        is not any more (the loop started or finished it): those edits are dropped."""
+        if self.editable or self.data.get(self.add_prefix("seen_state")) != StepState.PENDING:
+            return []
+        names = []
+        for name in EDITABLE:
+            field = copy.copy(self.fields[name])
+            field.disabled = False
+            raw = field.widget.value_from_datadict(self.data, self.files, self.add_prefix(name))
+            if field.has_changed(self.get_initial_for_field(field, name), raw):
+                names.append(name)
+        return names
+
+
+class StepFormSet(BaseInlineFormSet):
+    def clean(self) -> None:
+        super().clean()
+        moved = [f for f in self.forms if isinstance(f, StepForm) and "position" in f.changes()]
+        if not moved:
+            return
+        new = sorted(f.cleaned_data["position"] for f in moved)
+        old = sorted(f.instance.position for f in moved)
+        if new != old:
+            raise forms.ValidationError(
+                "position: pending steps can only be reordered among themselves "
+                f"(swap the numbers {', '.join(map(str, old))})"
+            )
+
+
+class StepInline(admin.TabularInline):
+    model = Step
+    form = StepForm
+    formset = StepFormSet
+    extra = 0
+    can_delete = False
+    ordering = ("position",)
+    fields = ("position", "key", *actions.PLAN_FIELDS, "state", "attempts", "error", "seen_state")
+    readonly_fields = ("state", "attempts", "error")
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False  # new steps come through "add steps" (dashboard, API), never half-made here
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ("id", "title", "state", "created_by", "created_at")
+    list_filter = ("state",)
+    search_fields = ("title",)
+    inlines = [StepInline]
+    readonly_fields = (
+        "title",
+        "state",
+        "created_at",
+        "updated_at",
+        "created_by",
+        "successor",
+        "run_after",
+        "lease_owner",
+        "lease_until",
+        "lease_epoch",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tasks are created from plans (dashboard, API, `manage.py plan`)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
+        """Nothing on the task itself is edited here; saving the row would write back every
+        column as it was read, including what the loop changed since."""
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        # What the admin's history message reads; only what actions.edit_steps applied.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for stale in (f.instance for f in formset.forms if f.stale_edits()):
+            self._not_changed(request, stale)
+        edits = {f.instance.pk: f.changes() for f in formset.forms if f.changes()}
+        if not edits:
+            return
+        task = form.instance
+        try:
+            edited, skipped = actions.edit_steps(
+                task_id=task.pk, edits=edits, actor=f"admin:{request.user.get_username()}"
+            )
+        except actions.Refused as exc:
+            self.message_user(request, f"Nothing was changed: {exc}", messages.ERROR)
+            return
+        formset.changed_objects = [(s, sorted(edits[s.pk])) for s in edited]
+        if edited:
+            keys = ", ".join(f"'{s.key}'" for s in edited)
+            self.message_user(request, f"Plan edited: {keys}.", messages.SUCCESS)
+        for step in skipped:
+            self._not_changed(request, step)
+
+    def _not_changed(self, request: HttpRequest, step: Step) -> None:
+        self.message_user(
+            request,
+            f"Step '{step.key}' was not changed: it left pending (the loop started or "
+            "finished it) while the form was open.",
+            messages.WARNING,
+        )
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created_at", "kind", "task", "step", "actor")
+    list_filter = ("kind",)
+    list_select_related = ("task", "step")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Event]:
+        return super().get_queryset(request).order_by("-id")
+
+
+@admin.register(Effect)
+class EffectAdmin(ReadOnlyAdmin):
+    list_display = ("id", "tool", "target", "state", "sends", "step", "updated_at")
+    list_filter = ("state", "tool")
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyAdmin):
+    list_display = ("id", "label", "host", "pid", "state", "last_seen", "parked_reason")
+    list_filter = ("state",)

@@ -1,0 +1,71 @@
+"""The live page's WebSocket: thin. Join the page's group, replay what the page missed, then
+forward the tailer's rendered partials, dropping event ids this connection already sent."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from . import live
+
+UNAUTHENTICATED = 4401
+FORBIDDEN = 4403
+NOT_FOUND = 4404
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """`ws/live?topic=home|task-<id>&after=<last event id the page saw>`"""
+
+    topic: live.Topic | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        can_act = await database_sync_to_async(user.has_perm)("loop.confirm_step")
+        topic = live.Topic.parse(query.get("topic", [""])[0], can_act=can_act)
+        after_raw = query.get("after", [""])[0]
+        if topic is None or (after_raw and not after_raw.isdigit()):
+            await self.close(code=NOT_FOUND)
+            return
+        self.seen = live.SeenIds(await database_sync_to_async(live.trailing_window)())
+        self.shown: dict[str, str] = {}  # DOM id -> the HTML this connection last sent for it
+        await self.accept()
+        self.topic = topic
+        # Join first, then replay: an event committed after the replay's read reaches us
+        # through the group, one committed before it is in the replay; duplicates are dropped.
+        assert self.channel_layer is not None
+        await self.channel_layer.group_add(topic.group, self.channel_name)
+        await live.tailer().add(topic)
+        if after_raw:
+            message = await database_sync_to_async(live.replay)(topic, int(after_raw))
+            await self.forward(message)
+
+    async def disconnect(self, code: int) -> None:
+        if self.topic is None:
+            return
+        live.tailer().remove(self.topic)
+        assert self.channel_layer is not None
+        await self.channel_layer.group_discard(self.topic.group, self.channel_name)
+
+    async def live_push(self, event: dict[str, Any]) -> None:
+        await self.forward(event["message"])
+
+    async def forward(self, message: dict[str, Any]) -> None:
+        fresh = [i for i in message["events"] if i not in self.seen]
+        rows = [r for r in message.get("rows", []) if r["event"] in fresh]
+        swaps = [s for s in message.get("swaps", []) if self.shown.get(s["id"]) != s["html"]]
+        if not fresh and not swaps:
+            return
+        self.seen.add(fresh)
+        for swap in swaps:
+            self.shown[swap["id"]] = swap["html"]
+        out = {"events": fresh, "swaps": swaps, "rows": rows}
+        if "count" in message:
+            out["count"] = message["count"]
+        await self.send_json(out)

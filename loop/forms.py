@@ -1,0 +1,79 @@
+"""Dashboard forms. Plans are parsed and validated here (errors beside the field); the
+change itself is always made by `loop.actions`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from . import plans
+from .actions import DECISIONS
+
+MAX_PLAN_BYTES = 512 * 1024
+
+
+def _plan_text(text: str, upload: Any) -> str:
+    if upload is not None:
+        if upload.size > MAX_PLAN_BYTES:
+            raise forms.ValidationError({"file": "the file is larger than 512 KB"})
+        try:
+            return str(upload.read().decode("utf-8"))
+        except UnicodeDecodeError:
+            raise forms.ValidationError({"file": "the file is not UTF-8 text"}) from None
+    if not text.strip():
+        raise forms.ValidationError({"plan": "paste a plan or choose a file"})
+    return text
+
+
+class PlanForm(forms.Form):
+    """A whole plan (new task, or the successor of a superseded one)."""
+
+    plan = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false", "class": "code"}),
+        help_text="YAML or JSON: title, steps: [{key, tool, args, …}]",
+    )
+    file = forms.FileField(required=False, help_text="…or upload a .yaml / .json plan file")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        text = _plan_text(data.get("plan", ""), data.get("file"))
+        field = "file" if data.get("file") is not None else "plan"
+        try:
+            data["spec"] = plans.parse(text)
+        except plans.PlanError as exc:
+            raise forms.ValidationError({field: exc.errors}) from None
+        return data
+
+
+class AddStepsForm(forms.Form):
+    after = forms.ChoiceField(required=False, label="After step")
+    steps = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "class": "code"}),
+        help_text="YAML or JSON: a list of steps, or {steps: [...]}",
+    )
+
+    def __init__(self, *args: Any, keys: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        after = self.fields["after"]
+        assert isinstance(after, forms.ChoiceField)
+        after.choices = [("", "the end of the plan"), *((k, k) for k in keys)]
+
+    def clean_steps(self) -> Any:
+        try:
+            loaded = plans.load(self.cleaned_data["steps"])
+        except plans.PlanError as exc:
+            raise forms.ValidationError(exc.errors) from None
+        if isinstance(loaded, dict) and set(loaded) == {"steps"}:
+            loaded = loaded["steps"]
+        if not isinstance(loaded, list) or not loaded:
+            raise forms.ValidationError("steps: a non-empty list of steps")
+        return loaded
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[(d, d) for d in DECISIONS])
+    note = forms.CharField(required=False, max_length=2000)

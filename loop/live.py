@@ -1,0 +1,302 @@
+"""Live pages (DESIGN.md "Live pages"): the journal is the feed.
+
+Each server process runs one `Tailer`, an asyncio task started by the first consumer that
+connects. It reads the events after the last id it broadcast (a short poll: the worker is
+another process; commits in this process also wake it through `journal.on_event`), renders
+the partials those events touch, and sends them to this process's groups on the channel
+layer, one group per topic and permission ("home.act", "task-7.read"). Group names carry a
+process token, so with Redis every process's tailer serves only its own consumers and nothing
+depends on two processes sharing memory.
+
+A message is `{"events": [ids], "swaps": [{"id", "html"}], "rows": [{"id", "into", "html",
+"event"}], "count": n}`: `swaps` replace the element with that DOM id, `rows` are journal rows
+added once, `count` is how many questions wait. The same `render()` serves the tailer and a
+reconnecting page's replay, and every piece of HTML comes from a template partial.
+
+Event ids: on SQLite (one writer at a time) ids commit in order, so "after the last id" loses
+nothing. On PostgreSQL a lower id can commit after a higher one; there the tailer re-reads a
+trailing window of ids and skips those it already sent (`SeenIds`), and so does a replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.models import Max
+from django.template.loader import render_to_string
+
+from . import journal, timeline
+from .models import Event, EventKind, Task
+from .pages import context
+
+log = logging.getLogger("loop.live")
+
+POLL_SECONDS = settings.LOOP_LIVE_POLL_MS / 1000
+BANNER_SECONDS = 5.0
+BATCH = 500
+REPLAY_ROWS = 200
+PROCESS = f"p{os.getpid()}-{secrets.token_hex(4)}"
+PLAN_CHANGES = frozenset({EventKind.STEPS_ADDED, EventKind.STEP_EDITED})
+WORKER_KINDS = frozenset(
+    {
+        EventKind.WORKER_STARTED,
+        EventKind.WORKER_DEAD,
+        EventKind.WORKER_STOPPED,
+        EventKind.WORKER_PARKED,
+        EventKind.WRITE_FAILED,
+    }
+)
+
+
+def trailing_window() -> int:
+    """How many ids below the highest seen may still commit (0: ids commit in order)."""
+    return 0 if connection.vendor == "sqlite" else 256
+
+
+class SeenIds:
+    """Event ids already handled. Below `top - window` everything counts as seen."""
+
+    def __init__(self, window: int, top: int = 0) -> None:
+        self.window = window
+        self.top = top
+        self.recent: set[int] = set()
+
+    def __contains__(self, event_id: int) -> bool:
+        return event_id <= self.top - self.window or event_id in self.recent
+
+    def add(self, ids: Iterable[int]) -> None:
+        for event_id in ids:
+            self.recent.add(event_id)
+            self.top = max(self.top, event_id)
+        if self.window == 0:
+            self.recent.clear()
+        elif len(self.recent) > 4 * self.window:
+            floor = self.top - self.window
+            self.recent = {i for i in self.recent if i > floor}
+
+
+@dataclass(frozen=True)
+class Topic:
+    """What a page follows: "home" or "task-<id>", seen by someone who may act or not."""
+
+    page: str
+    can_act: bool
+
+    @classmethod
+    def parse(cls, page: str, *, can_act: bool) -> Topic | None:
+        if page == "home":
+            return cls(page, can_act)
+        if page.startswith("task-") and page[5:].isdigit():
+            return cls(page, can_act)
+        return None
+
+    @property
+    def task_id(self) -> int | None:
+        return int(self.page[5:]) if self.page.startswith("task-") else None
+
+    @property
+    def group(self) -> str:
+        return f"live.{PROCESS}.{self.page}.{'act' if self.can_act else 'read'}"
+
+    def wants(self, event: Event) -> bool:
+        return self.task_id is None or event.task_id == self.task_id
+
+
+# ---- rendering (sync: call from a thread) ------------------------------------------------
+
+
+def _swap(dom_id: str, template: str, ctx: dict[str, Any]) -> dict[str, str]:
+    return {"id": dom_id, "html": render_to_string(template, ctx).strip()}
+
+
+def banner_swap() -> dict[str, str]:
+    return _swap("banner", "loop/home.html#banner", {"problems": context.health.problems()})
+
+
+def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str, Any]:
+    """The message for `events` (already filtered for `topic`). `full` renders every part of
+    the page (a replay); otherwise only the parts these events can have touched."""
+    message: dict[str, Any] = {"events": [e.pk for e in events], "swaps": [], "rows": []}
+    if topic.task_id is None:
+        page = context.home(can_act=topic.can_act, with_banner=False)
+        for part in ("needs-you", "running", "recent"):
+            message["swaps"].append(_swap(part, f"loop/home.html#{part}", page))
+        if full or any(e.kind in WORKER_KINDS for e in events):
+            message["swaps"].append(banner_swap())
+        message["count"] = page["waiting"]
+        return message
+    task = Task.objects.filter(pk=topic.task_id).first()
+    message["count"] = context.waiting_count()
+    if task is None:
+        return message
+    base = {"task": task, "can_act": topic.can_act}
+    message["swaps"].append(_swap("task-head", "loop/task.html#task-head", base))
+    kinds = {e.kind for e in events}
+    if full or kinds & PLAN_CHANGES:
+        steps = context.step_views(task)
+        message["swaps"].append(_swap("steps", "loop/task.html#steps", {**base, "steps": steps}))
+    else:
+        touched = {e.step_id for e in events if e.step_id}
+        current = task.steps.open().values_list("pk", flat=True).first()
+        if touched and current:
+            touched.add(current)
+        for view in context.step_views(task, only=touched) if touched else []:
+            ctx = {**base, "view": view}
+            message["swaps"].append(_swap(f"step-{view.step.pk}", "loop/task.html#step-card", ctx))
+    if full or kinds & timeline.LIFECYCLE:
+        ctx = {**base, "timeline": context.task_timeline(task)}
+        message["swaps"].append(_swap("timeline", "loop/task.html#timeline", ctx))
+    shown = events[-REPLAY_ROWS:]
+    for row in context.journal_rows(shown):
+        html = render_to_string("loop/task.html#journal-row", {"row": row}).strip()
+        message["rows"].append(
+            {
+                "id": f"event-{row.event.pk}",
+                "into": "journal-rows",
+                "html": html,
+                "event": row.event.pk,
+            }
+        )
+    return message
+
+
+def replay(topic: Topic, after: int) -> dict[str, Any]:
+    """Everything a page that saw events up to `after` missed, with the page's parts as they
+    are now. On PostgreSQL a trailing window is re-read; the consumer drops ids it sent."""
+    events = Event.objects.filter(id__gt=after - trailing_window()).order_by("id")
+    if topic.task_id is not None:
+        events = events.filter(task_id=topic.task_id)
+    return render(topic, list(events), full=True)
+
+
+# ---- the tailer ----------------------------------------------------------------------------
+
+
+class Tailer:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.topics: dict[Topic, int] = {}
+        self.wake = asyncio.Event()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-tailer")
+        self.seen: SeenIds | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.banner = ""
+        self.banner_at = 0.0
+
+    async def add(self, topic: Topic) -> None:
+        """Follow `topic`. The first call starts the tailer at the newest event id, before
+        the caller replays from its own id, so nothing falls between the two."""
+        self.topics[topic] = self.topics.get(topic, 0) + 1
+        if self.task is None or self.task.done():
+            self.seen = await self.loop.run_in_executor(self.executor, self._start_at)
+            self.task = self.loop.create_task(self.run())
+
+    def remove(self, topic: Topic) -> None:
+        left = self.topics.get(topic, 0) - 1
+        if left > 0:
+            self.topics[topic] = left
+        else:
+            self.topics.pop(topic, None)
+
+    async def stop(self) -> None:
+        """Cancel the polling task (tests; a server simply exits)."""
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+        self.executor.shutdown(wait=True)
+
+    def poke(self) -> None:
+        """From any thread: a commit in this process journaled something."""
+        self.loop.call_soon_threadsafe(self.wake.set)
+
+    def _start_at(self) -> SeenIds:
+        top = Event.objects.aggregate(top=Max("id"))["top"] or 0
+        return SeenIds(trailing_window(), top)
+
+    async def run(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        assert layer is not None
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), POLL_SECONDS)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            topics = list(self.topics)
+            try:
+                out = await self.loop.run_in_executor(self.executor, self.poll, topics)
+            except Exception:
+                log.exception("live tailer: poll failed; trying again")
+                await asyncio.sleep(1)
+                continue
+            for group, message in out:
+                await layer.group_send(group, {"type": "live.push", "message": message})
+
+    def poll(self, topics: list[Topic]) -> list[tuple[str, dict[str, Any]]]:
+        """In the tailer's thread: new events → one message per followed topic."""
+        assert self.seen is not None
+        try:
+            floor = self.seen.top - self.seen.window
+            rows = Event.objects.filter(id__gt=floor).order_by("id")[:BATCH]
+            events = [e for e in rows if e.pk not in self.seen]
+            self.seen.add(e.pk for e in events)
+            out = []
+            for topic in topics:
+                mine = [e for e in events if topic.wants(e)]
+                if mine:
+                    out.append((topic.group, render(topic, mine)))
+            out.extend(self._banner(topics, events))
+            return out
+        except DatabaseError:
+            connection.close()  # a fresh connection next time
+            raise
+
+    def _banner(self, topics: list[Topic], events: list[Event]) -> list[tuple[str, dict[str, Any]]]:
+        """Worker health changes without events too (a heartbeat goes stale): re-check the
+        banner every few seconds and push it when it changed."""
+        homes = [t for t in topics if t.task_id is None]
+        now = time.monotonic()
+        if not homes or now - self.banner_at < BANNER_SECONDS:
+            return []
+        self.banner_at = now
+        swap = banner_swap()
+        if swap["html"] == self.banner:
+            return []
+        self.banner = swap["html"]
+        return [(t.group, {"events": [], "swaps": [swap], "rows": []}) for t in homes]
+
+
+_tailer: Tailer | None = None
+
+
+def tailer() -> Tailer:
+    """This process's tailer, bound to the running event loop."""
+    global _tailer
+    loop = asyncio.get_running_loop()
+    if _tailer is None or _tailer.loop is not loop or loop.is_closed():
+        _tailer = Tailer(loop)
+    return _tailer
+
+
+def _on_commit() -> None:
+    current = _tailer
+    if current is not None and not current.loop.is_closed():
+        current.poke()
+
+
+journal.on_event(_on_commit)

@@ -1,0 +1,78 @@
+"""Answers to "May I do this?" and "Did this happen?", and pause / resume."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from .. import actions
+from ..forms import DecisionForm
+from ..models import Step, Task
+from .respond import actor, answer
+
+SAID = {
+    "allow": "Allowed once: '{key}' runs on the next tick.",
+    "deny": "Denied: '{key}' failed; its task is paused.",
+    "happened": "Noted that it happened: '{key}' finishes from that receipt.",
+    "rerun": "'{key}' will do it again.",
+    "fail": "'{key}' failed.",
+}
+
+
+@require_POST
+@login_required
+def decide(request: HttpRequest, step_id: int) -> HttpResponse:
+    step = get_object_or_404(Step, pk=step_id)
+    home = reverse("loop:home")
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        field, errors = next(iter(form.errors.items()))
+        return answer(
+            request, f"{field}: {' '.join(str(e) for e in errors)}", status=400, fallback=home
+        )
+    decision = form.cleaned_data["decision"]
+    try:
+        actions.unblock(
+            step_id=step.pk,
+            decision=decision,
+            actor=actor(request),
+            user=request.user,
+            note=form.cleaned_data["note"],
+        )
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403, fallback=home)
+    except actions.Refused as exc:
+        return answer(request, f"decision: {exc}", status=409, fallback=home)
+    return answer(request, SAID[decision].format(key=step.key), fallback=home)
+
+
+def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
+    task = get_object_or_404(Task, pk=task_id)
+    page = reverse("loop:task", args=[task.pk])
+    try:
+        actions.check_may_act(request.user, action=verb, actor=actor(request), task_id=task.pk)
+        if verb == "pause":
+            actions.pause(task_id=task.pk, actor=actor(request))
+        else:
+            actions.resume(task_id=task.pk, actor=actor(request))
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403, fallback=page)
+    except actions.Refused as exc:
+        return answer(request, f"state: {exc}", status=409, fallback=page)
+    return answer(request, f"Task {task.pk}: {verb}d.", fallback=page)
+
+
+@require_POST
+@login_required
+def pause(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _steer(request, task_id, "pause")
+
+
+@require_POST
+@login_required
+def resume(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _steer(request, task_id, "resume")

@@ -1,0 +1,47 @@
+"""The home page ("Needs you", running tasks, recent tasks) and the new-task page."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from .. import actions
+from ..forms import PlanForm
+from . import context
+from .respond import actor, answer, can_act
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def home(request: HttpRequest) -> HttpResponse:
+    last = context.last_event_id()
+    page = context.home(can_act=can_act(request))
+    return render(request, "loop/home.html", {**page, "last_event": last, "topic": "home"})
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def new_task(request: HttpRequest) -> HttpResponse:
+    """GET shows the form; POST creates the task from a pasted or uploaded plan. An invalid
+    plan is shown again with its errors beside the field, and nothing is created."""
+    form = PlanForm()
+    status = 200
+    if request.method == "POST":
+        try:
+            actions.check_may_act(request.user, action="create a task", actor=actor(request))
+        except PermissionDenied as exc:
+            return answer(request, str(exc), status=403)
+        form = PlanForm(request.POST, request.FILES)
+        if form.is_valid():
+            task = actions.create_task(plan=form.cleaned_data["spec"], actor=actor(request))
+            return redirect("loop:task", task_id=task.pk)
+        status = 400
+    return render(
+        request,
+        "loop/new_task.html",
+        {"form": form, "can_act": can_act(request), "waiting": context.waiting_count()},
+        status=status,
+    )

@@ -1,0 +1,106 @@
+"""The task page: plan, steps, effects and receipts, the journal, the timeline; add steps and
+supersede (plain form posts whose errors are shown beside their fields)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from .. import actions, plans
+from ..forms import AddStepsForm, PlanForm
+from ..models import Task
+from . import context
+from .respond import actor, answer, can_act
+
+
+def _page(
+    request: HttpRequest,
+    task: Task,
+    *,
+    add_form: AddStepsForm | None = None,
+    supersede_form: PlanForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    last = context.last_event_id()
+    page = context.task_page(task, can_act=can_act(request))
+    return render(
+        request,
+        "loop/task.html",
+        {
+            **page,
+            "last_event": last,
+            "topic": f"task-{task.pk}",
+            "add_form": add_form or AddStepsForm(keys=page["all_keys"]),
+            "supersede_form": supersede_form or PlanForm(),
+        },
+        status=status,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _page(request, get_object_or_404(Task, pk=task_id))
+
+
+@require_POST
+@login_required
+def add_steps(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = get_object_or_404(Task, pk=task_id)
+    try:
+        actions.check_may_act(
+            request.user, action="add steps", actor=actor(request), task_id=task.pk
+        )
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403)
+    keys = list(task.steps.order_by("position").values_list("key", flat=True))
+    form = AddStepsForm(request.POST, keys=keys)
+    if form.is_valid():
+        try:
+            added = actions.add_steps(
+                task_id=task.pk,
+                steps=form.cleaned_data["steps"],
+                after=form.cleaned_data["after"] or None,
+                actor=actor(request),
+            )
+        except plans.PlanError as exc:
+            form.add_error("steps", exc.errors)
+        except actions.Refused as exc:
+            form.add_error("after", str(exc))
+        else:
+            return answer(request, f"Added {len(added)} step(s).", fallback=task_url(task))
+    task.refresh_from_db()
+    return _page(request, task, add_form=form, status=400)
+
+
+@require_POST
+@login_required
+def supersede(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = get_object_or_404(Task, pk=task_id)
+    try:
+        actions.check_may_act(
+            request.user, action="supersede", actor=actor(request), task_id=task.pk
+        )
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403)
+    form = PlanForm(request.POST, request.FILES)
+    if form.is_valid():
+        try:
+            successor = actions.supersede(
+                task_id=task.pk, plan=form.cleaned_data["spec"], actor=actor(request)
+            )
+        except actions.Refused as exc:
+            form.add_error(None, f"state: {exc}")
+        else:
+            return redirect("loop:task", task_id=successor.pk)
+    task.refresh_from_db()
+    return _page(request, task, supersede_form=form, status=400)
+
+
+def task_url(task: Task) -> str:
+    from django.urls import reverse
+
+    return reverse("loop:task", args=[task.pk])

@@ -1,0 +1,74 @@
+// Live pages: one WebSocket per page. The server sends rendered partials; we swap elements by
+// id, add journal rows once, and remember the last event id so a reconnect resumes from it.
+(function () {
+  "use strict";
+  const body = document.body;
+  const topic = body.dataset.topic;
+  if (!topic) return;
+  const baseTitle = document.title.replace(/^\(\d+\) /, "");
+  const state = (window.pippaLive = { last: Number(body.dataset.lastEvent || 0), messages: 0 });
+  let delay = 250;
+
+  function fragment(html) {
+    const tpl = document.createElement("template");
+    tpl.innerHTML = html;
+    return tpl.content.firstElementChild;
+  }
+
+  // Keep what a person was typing (a note, a plan) when the element around it is replaced.
+  function keepInputs(from, to) {
+    from.querySelectorAll("input[id], textarea[id]").forEach(function (old) {
+      const fresh = to.querySelector("#" + CSS.escape(old.id));
+      if (fresh && old.value && fresh.type !== "hidden") fresh.value = old.value;
+    });
+  }
+
+  function activate(el) {
+    if (window.htmx) window.htmx.process(el);
+  }
+
+  function apply(msg) {
+    (msg.swaps || []).forEach(function (swap) {
+      const old = document.getElementById(swap.id);
+      const el = fragment(swap.html);
+      if (!old || !el) return;
+      keepInputs(old, el);
+      old.replaceWith(el);
+      activate(el);
+    });
+    (msg.rows || []).forEach(function (row) {
+      if (document.getElementById(row.id)) return;
+      const box = document.getElementById(row.into);
+      const el = fragment(row.html);
+      if (box && el) box.prepend(el);
+    });
+    (msg.events || []).forEach(function (id) {
+      if (id > state.last) state.last = id;
+    });
+    if (typeof msg.count === "number") {
+      document.title = (msg.count ? "(" + msg.count + ") " : "") + baseTitle;
+    }
+    state.messages += 1;
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const url = scheme + location.host + "/ws/live?topic=" + encodeURIComponent(topic) + "&after=" + state.last;
+    const ws = new WebSocket(url);
+    state.socket = ws;
+    ws.onopen = function () {
+      delay = 250;
+      body.dataset.live = "open";
+    };
+    ws.onmessage = function (event) {
+      apply(JSON.parse(event.data));
+    };
+    ws.onclose = function (event) {
+      body.dataset.live = "closed";
+      if (event.code === 4401 || event.code === 4403 || event.code === 4404) return;
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 10000);
+    };
+  }
+  connect();
+})();

@@ -1,0 +1,142 @@
+"""Plans edited in the admin: pending steps only, and never over what the loop wrote."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+from django.contrib.auth.models import User
+from django.test import Client
+
+from loop.models import Event, Step, Task
+from loop.runner import Runner
+
+from .conftest import make_task, step
+
+
+class FormFields(HTMLParser):
+    """The fields a browser would submit from the admin's change form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, str] = {}
+        self._textarea: str | None = None
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        name = a.get("name")
+        if tag == "input" and name and "disabled" not in a:
+            kind = a.get("type", "text")
+            if kind == "checkbox":
+                if "checked" in a:
+                    self.data[name] = "on"
+            elif kind not in ("submit", "button", "file"):
+                self.data[name] = a.get("value") or ""
+        elif tag == "textarea" and name and "disabled" not in a:
+            self._textarea = name
+            self.data[name] = ""
+        elif tag == "select" and name and "disabled" not in a:
+            self._select = name
+        elif tag == "option" and self._select and "selected" in a:
+            self.data[self._select] = a.get("value") or ""
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.data[self._textarea] += (
+                data.lstrip("\n") if not self.data[self._textarea] else data
+            )
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "textarea":
+            self._textarea = None
+        elif tag == "select":
+            self._select = None
+
+
+def admin_client(db: None) -> Client:
+    user = User.objects.create_superuser("staff", "staff@localhost", "staff-password-1")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def open_form(client: Client, task: Task) -> dict[str, str]:
+    response = client.get(f"/admin/loop/task/{task.pk}/change/")
+    assert response.status_code == 200
+    parser = FormFields()
+    parser.feed(response.content.decode())
+    return parser.data
+
+
+def form_index(data: dict[str, str], step_obj: Step) -> str:
+    return next(
+        k.split("-")[1] for k, v in data.items() if k.endswith("-id") and v == str(step_obj.pk)
+    )
+
+
+def test_a_loop_commit_while_the_form_is_open_is_kept(db: None, worker: Runner) -> None:
+    client = admin_client(db)
+    task = make_task(step("a", args={"value": "from the loop"}), step("b"))
+    form = open_form(client, task)  # both steps pending: both editable
+    a, b = task.steps.get(key="a"), task.steps.get(key="b")
+    assert f"steps-{form_index(form, a)}-title" in form
+
+    worker.tick()  # meanwhile the loop runs "a" and commits its result
+
+    ia, ib = form_index(form, a), form_index(form, b)
+    form[f"steps-{ia}-title"] = "edited in the admin"
+    form[f"steps-{ia}-args"] = '{"value": "from the admin"}'
+    form[f"steps-{ib}-title"] = "b, edited"
+    response = client.post(f"/admin/loop/task/{task.pk}/change/", form, follow=True)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "was not changed: it left pending" in text
+
+    a.refresh_from_db()
+    assert a.state == "done" and a.attempts == 1
+    assert a.output == {"value": "from the loop"}
+    assert a.title == "a" and a.args == {"value": "from the loop"}
+    b.refresh_from_db()
+    assert b.title == "b, edited" and b.state == "pending"
+    edit = Event.objects.get(kind="step_edited", step=b)
+    assert edit.actor == "admin:staff" and edit.data["fields"] == ["title"]
+    task.refresh_from_db()
+    assert task.state == "running"
+
+
+def test_pending_steps_reorder_and_bad_args_name_the_field(db: None) -> None:
+    client = admin_client(db)
+    task = make_task(step("a"), step("b"), step("c"))
+    a, b, c = (task.steps.get(key=k) for k in "abc")
+    form = open_form(client, task)
+    form[f"steps-{form_index(form, b)}-position"] = str(c.position)
+    form[f"steps-{form_index(form, c)}-position"] = str(b.position)
+    response = client.post(f"/admin/loop/task/{task.pk}/change/", form)
+    assert response.status_code == 302
+    assert list(task.steps.order_by("position").values_list("key", flat=True)) == ["a", "c", "b"]
+    assert Event.objects.filter(kind="step_edited", data__fields=["position"]).count() == 2
+
+    form = open_form(client, task)
+    form[f"steps-{form_index(form, a)}-tool"] = "email.send"
+    form[f"steps-{form_index(form, a)}-args"] = '{"subject": "hi"}'
+    response = client.post(f"/admin/loop/task/{task.pk}/change/", form)
+    assert response.status_code == 200  # the form again, with its errors
+    assert "tool &#x27;email.send&#x27; needs &#x27;to&#x27;" in response.content.decode()
+    a.refresh_from_db()
+    assert a.tool == "echo"
+
+
+def test_done_steps_are_read_only_and_the_journal_cannot_be_edited(
+    db: None, worker: Runner
+) -> None:
+    client = admin_client(db)
+    task = make_task(step("a"), step("b"))
+    worker.tick()
+    form = open_form(client, task)
+    a = task.steps.get(key="a")
+    assert f"steps-{form_index(form, a)}-title" not in form  # disabled: not submitted
+    event = Event.objects.first()
+    assert event is not None
+    assert client.get(f"/admin/loop/event/{event.pk}/change/").status_code == 200
+    assert client.post(f"/admin/loop/event/{event.pk}/change/", {"kind": "x"}).status_code == 403
+    assert client.get("/admin/loop/event/add/").status_code == 403
