@@ -103,7 +103,9 @@ def manage(*args: str, env: dict[str, str] | None = None, check: bool = True) ->
     return result.stdout
 
 
-def start_runloop(*args: str, env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
+def start_runloop(
+    *args: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "runloop", *args],
