@@ -22,15 +22,13 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from loop import actions, plans
-from loop.effects import effect_id
-from loop.models import Effect, EffectState, Event, EventKind, Step, StepState, Task, Worker
-from loop.serialize import question_dict
+from loop.models import Effect, EffectState, Event, EventKind, Step, Task, Worker
 from loop.tools.mail import message_id
 
 from .conftest import make_task, process_env, start_runloop, step, wait_for
 from .forkserver import ForkServer
 from .sinks import HttpSink, SmtpSink
+from .truth import Person
 
 KILLS = int(os.environ.get("CHAOS_KILLS", "200"))
 OPEN_TASKS = 3  # keep this many tasks unfinished, so every kill lands on work
@@ -38,13 +36,12 @@ MAX_LIFE = 0.3  # seconds a worker may live before its kill
 
 
 class Chaos:
-    """The plans, the truth, and the person answering questions."""
+    """The plans, and the person answering questions as the sinks' truth demands."""
 
     def __init__(self, smtp: SmtpSink, web: HttpSink, rng: random.Random) -> None:
         self.smtp, self.web, self.rng = smtp, web, rng
         self.created = 0
-        self.asked: Counter[str] = Counter()
-        self.answers: Counter[str] = Counter()
+        self.person = Person(web=web, smtp=smtp)
 
     def top_up(self) -> None:
         while Task.objects.exclude(state="done").count() < OPEN_TASKS:
@@ -81,57 +78,17 @@ class Chaos:
             step("read", "file.read", args={"path": path}, max_attempts=100),
         ]
 
-    # ---- the truth ------------------------------------------------------------------------
-
-    def delivered(self, step_row: Step, eid: str) -> bool:
-        if step_row.tool == "email.send":
-            return message_id(eid) in self.smtp.record.keys()
-        return eid in self.web.record.keys()
-
-    def expected_id(self, step_row: Step) -> str:
-        outputs = dict(
-            Step.objects.filter(task_id=step_row.task_id, state="done").values_list("key", "output")
-        )
-        return effect_id(step_row, step_row.tool, plans.resolve(step_row.args, outputs))
-
-    def answer_questions(self) -> None:
-        """Answer every blocked step as the truth demands, after checking the question is one
-        the database could not answer itself."""
-        for blocked in Step.objects.filter(state=StepState.BLOCKED).order_by("pk"):
-            effects = list(blocked.effects.order_by("created_at"))
-            question = question_dict(blocked, effects)
-            assert question is not None, f"{blocked} is blocked without a question"
-            kind = question["kind"]
-            self.asked[kind] += 1
-            if kind == "did_it_happen":
-                named = question["effects"]
-                assert named, f"{blocked}: 'Did this happen?' names no effect"
-                for effect in named:
-                    assert effect["state"] == EffectState.UNCERTAIN, (blocked, effect)
-                    assert Event.objects.filter(
-                        effect_id=effect["id"], data__old="running", data__new="uncertain"
-                    ).exists(), f"{blocked}: asked about {effect['id']}, which never ran"
-                truth = {self.delivered(blocked, e["id"]) for e in named}
-                assert len(truth) == 1, f"{blocked}: its effects disagree; one answer can't fit"
-                decision = "happened" if truth.pop() else "rerun"
-            else:
-                assert "nothing was sent" in blocked.question_text, blocked.question_text
-                assert all(e.state == EffectState.PENDING for e in effects), effects
-                assert not self.delivered(blocked, self.expected_id(blocked)), (
-                    f"{blocked}: asked 'May I?' about a call that went out"
-                )
-                decision = "allow"
-            self.answers[decision] += 1
-            actions.unblock(step_id=blocked.pk, decision=decision, actor="chaos-test")
-
     def settled(self) -> bool:
         """All sinks have read everything sent to them (checked twice, a moment apart)."""
         return all(s.idle() for s in (self.smtp, self.web)) and (
             time.sleep(0.01) or all(s.idle() for s in (self.smtp, self.web))
         )
 
+    def answer_questions(self) -> None:
+        self.person.answer_questions()
+
     def all_done(self) -> bool:
-        self.answer_questions()
+        self.person.answer_questions()
         return not Task.objects.exclude(state="done").exists()
 
 
@@ -208,7 +165,7 @@ def test_no_side_effect_happens_twice_when_the_worker_is_killed_at_random(
             f"chaos: kills {kills} ({real_kills} of `manage.py runloop`), tasks {chaos.created}, "
             f"steps done {steps_done}, effects {len(effects)}, emails {sum(mails.values())}, "
             f"posts {sum(posts.values())}, duplicates {duplicates(mails) + duplicates(posts)}, "
-            f"questions asked {asked} {dict(chaos.asked)} answered {dict(chaos.answers)}, "
+            f"questions asked {asked} {dict(chaos.person.asked)} answered {dict(chaos.person.answers)}, "
             f"settled by probes {probed}"
         )
 
@@ -216,7 +173,7 @@ def test_no_side_effect_happens_twice_when_the_worker_is_killed_at_random(
     assert duplicates(mails) == 0 and duplicates(posts) == 0
     assert duplicates(markers) == 0
     assert not Task.objects.exclude(state="done").exists()
-    assert asked == sum(chaos.asked.values())  # every question was seen and checked
+    assert asked == sum(chaos.person.asked.values())  # every question was seen and checked
     for effect in sent_once:
         key = message_id(effect.pk) if effect.tool == "email.send" else effect.pk
         assert effect.state == EffectState.SUCCEEDED, effect
