@@ -111,6 +111,7 @@ class Runner:
         self.unrecorded_error = ""
         self.current: Started | None = None
         self.current_since = 0.0
+        self.in_hand = ""  # the task and step being claimed or started, for error messages
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
 
@@ -241,6 +242,7 @@ class Runner:
             log.warning("%s", exc)
             return True
         finally:
+            self.in_hand = ""
             with self._lock:
                 self.current = None
 
@@ -254,6 +256,7 @@ class Runner:
         why not (a question, the attempt cap, a wait) and let the lease go."""
         task = Task.objects.get(pk=task_id)
         step = task.steps.open().first()
+        self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             lease.release(task)
@@ -447,9 +450,10 @@ class Runner:
             log.error("could not record parking of %s: %s", self.worker, exc)
 
     def _write_failed(self, exc: DatabaseError, started: Started | None) -> None:
-        where = (
-            f"task {started.task_id} step '{started.step.key}'" if started else "claiming a task"
-        )
+        if started:
+            where = f"task {started.task_id} step '{started.step.key}'"
+        else:
+            where = self.in_hand or "claiming a task"
         message = f"write failed in {where}: {type(exc).__name__}: {exc}"
         log.error(message)
         self.unrecorded_error = message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Effect, EffectState, Step, Task
+from .models import Effect, EffectState, QuestionKind, Step, Task
 
 
 def effect_dict(effect: Effect) -> dict[str, Any]:
@@ -24,7 +24,14 @@ def effect_dict(effect: Effect) -> dict[str, Any]:
 def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
     if not step.question_kind:
         return None
-    named = [e for e in effects if e.state in (EffectState.UNCERTAIN, EffectState.PENDING)]
+    # "Did this happen?" is about the effects whose outcome is unknown; "May I do this?" about
+    # those not sent yet. Never a settled one.
+    asked_about = (
+        EffectState.UNCERTAIN
+        if step.question_kind == QuestionKind.DID_IT_HAPPEN
+        else EffectState.PENDING
+    )
+    named = [e for e in effects if e.state == asked_about]
     return {
         "kind": step.question_kind,
         "text": step.question_text,

@@ -73,6 +73,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "loop",
+    # Operators may add apps (their own tools); the tests load a testing knob this way.
+    *env_list("PIPPA_EXTRA_APPS", []),
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,222 @@
+"""Side-effect steps per second through a real `runloop`, beside the raw rate of three-commit
+transactions on the same disk, and their ratio (issue 3: target 0.5 or more).
+
+    .venv/bin/python bench/effect_overhead.py [--steps 500] [--units 2000] [--dir DIR] [--explain]
+
+Each step is an `http.post` to a receiver started here that answers at once, so the figure is
+the loop's own cost per effect: the start commit, the intent commit, the fenced claim commit,
+the outcome commit, the verdict commit, and the Python between them. The step rate is taken
+from the journal (first `step_started` to last `step_done`), so Django's start-up is not in
+it. The raw rate is plain `sqlite3` in WAL mode with synchronous=FULL, in the same folder:
+one unit = INSERT+COMMIT, UPDATE+COMMIT, UPDATE+COMMIT.
+
+`--explain` then runs 200 more steps through an in-process worker and splits a step's time into
+commits (fsync), executing SQL, the effect itself (the HTTP round trip) and the rest (Python:
+mostly building ORM queries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Receiver(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def raw_units_per_second(path: Path, units: int) -> float:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE unit (id INTEGER PRIMARY KEY, state TEXT, body TEXT)")
+    began = time.perf_counter()
+    for n in range(1, units + 1):
+        for sql, params in (
+            ("INSERT INTO unit (id, state, body) VALUES (?, 'pending', ?)", (n, "x" * 200)),
+            ("UPDATE unit SET state = 'running' WHERE id = ?", (n,)),
+            ("UPDATE unit SET state = 'succeeded' WHERE id = ?", (n,)),
+        ):
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(sql, params)
+            db.execute("COMMIT")
+    elapsed = time.perf_counter() - began
+    db.close()
+    return units / elapsed
+
+
+def loop_steps_per_second(folder: Path, steps: int, url: str) -> tuple[float, int]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=f"sqlite:///{folder / 'loop.sqlite3'}",
+        PIPPA_DATA_DIR=str(folder),
+        LOOP_MIN_FREE_MB="0",
+        LOOP_LOG_LEVEL="WARNING",
+        DJANGO_SETTINGS_MODULE="pippa_site.settings",
+    )
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from loop import actions, plans
+    from loop.models import Event, EventKind, Step
+
+    call_command("migrate", verbosity=0)
+    per_task = 5
+    for t in range(steps // per_task):
+        plan = {
+            "title": f"bench {t}",
+            "steps": [
+                {"key": f"post-{i}", "tool": "http.post", "args": {"url": url, "json": [t, i]}}
+                for i in range(per_task)
+            ],
+        }
+        actions.create_task(plan=plans.validate(plan), actor="bench")
+    total = Step.objects.count()
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runloop"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while Step.objects.filter(state="done").count() < total:
+            if time.monotonic() > deadline or worker.poll() is not None:
+                raise SystemExit("the loop did not finish the bench steps")
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    first = Event.objects.filter(kind=EventKind.STEP_STARTED).order_by("id").first()
+    last = Event.objects.filter(kind=EventKind.STEP_DONE).order_by("-id").first()
+    assert first and last
+    elapsed = (last.created_at - first.created_at).total_seconds()
+    return total / elapsed, total
+
+
+def explain(url: str, steps: int = 200) -> dict[str, Any]:
+    """Where a side-effect step's time goes, in an in-process worker (after django.setup)."""
+    import dataclasses
+
+    from django.db import connection
+
+    from loop import actions, plans, tools
+    from loop.runner import Runner
+
+    spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
+    statements = 0
+
+    def timed(key: str, func: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - began
+
+        return run
+
+    def sql(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal statements
+        statements += 1
+        return timed("sql", execute)(query, params, many, context)
+
+    post = tools.get("http.post")
+    tools._registry["http.post"] = dataclasses.replace(post, run=timed("effect", post.run))
+    for t in range(steps // 5):
+        plan = {
+            "title": f"explain {t}",
+            "steps": [
+                {"key": f"p{i}", "tool": "http.post", "args": {"url": url, "json": [t, i]}}
+                for i in range(5)
+            ],
+        }
+        actions.create_task(plan=plans.validate(plan), actor="bench")
+    runner = Runner(label="explain")
+    runner.boot()
+    connection.commit = timed("commit", connection.commit)  # type: ignore[method-assign]
+    ticks = 0
+    began = time.perf_counter()
+    with connection.execute_wrapper(sql):
+        while runner.tick():
+            ticks += 1
+    total = time.perf_counter() - began
+    ms = {key: round(value / ticks * 1000, 2) for key, value in spent.items()}
+    ms["python"] = round(total / ticks * 1000 - sum(ms.values()), 2)
+    return {
+        "ms_per_step": round(total / ticks * 1000, 2),
+        "split_ms": ms,
+        "statements_per_step": round(statements / ticks, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=500, help="side-effect steps to run")
+    parser.add_argument("--units", type=int, default=2000, help="raw three-commit units")
+    parser.add_argument("--dir", type=Path, default=None, help="folder for both databases")
+    parser.add_argument("--explain", action="store_true", help="split a step's time, too")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="effect-overhead-", dir=options.dir or ROOT / "var"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host, port = server.server_address[:2]
+        before = raw_units_per_second(folder / "raw-before.sqlite3", options.units)
+        steps, count = loop_steps_per_second(folder, options.steps, f"http://{host}:{port}/hook")
+        after = raw_units_per_second(folder / "raw-after.sqlite3", options.units)
+        split = explain(f"http://{host}:{port}/hook") if options.explain else None
+    finally:
+        server.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+    raw = (before + after) / 2  # measured before and after the loop, on the same disk
+    figures = {
+        "side_effect_steps_per_second": round(steps, 1),
+        "steps": count,
+        "raw_three_commit_units_per_second": round(raw, 1),
+        "raw_before_after": [round(before, 1), round(after, 1)],
+        "ratio": round(steps / raw, 3),
+        "target": 0.5,
+    }
+    if split:
+        figures["explain"] = split
+    print(json.dumps(figures))
+    print(
+        f"{steps:.1f} side-effect steps/s vs {raw:.1f} raw three-commit units/s: "
+        f"ratio {steps / raw:.3f} (target 0.5)"
+    )
+
+
+if __name__ == "__main__":
+    main()

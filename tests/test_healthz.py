@@ -1,0 +1,63 @@
+"""/healthz (DESIGN.md §11): 503 with the reason while writes fail, space is low or no worker
+is alive; 200 otherwise. A worker below LOOP_MIN_FREE_MB parks instead of claiming work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.test import Client
+
+from loop.models import Step, Worker, WorkerState
+from loop.runner import Runner
+
+from .conftest import make_task, step
+
+
+def problems(client: Client, status: int) -> list[str]:
+    response = client.get("/healthz")
+    assert response.status_code == status, response.content
+    found: list[str] = response.json()["problems"]
+    assert response.json()["ok"] is (status == 200)
+    return found
+
+
+def test_healthz_is_200_while_a_worker_is_alive_and_writes_work(db: None, settings: Any) -> None:
+    settings.LOOP_MIN_FREE_MB = 0
+    Runner(label="alive").boot()
+    assert problems(Client(), 200) == []
+
+
+def test_healthz_is_503_when_no_worker_is_alive(db: None, settings: Any) -> None:
+    settings.LOOP_MIN_FREE_MB = 0
+    assert problems(Client(), 503) == ["no worker is alive"]
+    gone = Runner(label="gone")
+    gone.boot()
+    Worker.objects.filter(pk=gone.worker_id).update(state=WorkerState.STOPPED)
+    assert problems(Client(), 503) == ["no worker is alive"]
+
+
+def test_a_worker_parks_on_low_disk_and_healthz_says_why_until_room_returns(
+    db: None, settings: Any
+) -> None:
+    task = make_task(step("a"))
+    worker = Runner(label="cramped")
+    worker.boot()
+    settings.LOOP_MIN_FREE_MB = 10**12  # more than any disk has
+
+    assert worker.tick() is False  # parked: no claim
+    row = Worker.objects.get(pk=worker.worker_id)
+    assert row.state == WorkerState.PARKED and row.parked_reason.startswith("low disk")
+    assert Step.objects.get(task=task).state == "pending"
+    found = problems(Client(), 503)
+    assert any(p.startswith("low disk") for p in found)
+    assert any("is parked: low disk" in p for p in found)
+
+    settings.LOOP_MIN_FREE_MB = 0
+    assert worker.tick() is True
+    assert Worker.objects.get(pk=worker.worker_id).state == WorkerState.RUNNING
+    assert Step.objects.get(task=task).state == "done"
+    assert problems(Client(), 200) == []
+
+
+def test_healthz_answers_only_get(db: None) -> None:
+    assert Client().post("/healthz").status_code == 405

@@ -1,0 +1,37 @@
+"""A question names exactly the effects it is about (DESIGN.md §5, §13 `question.effects`)."""
+
+from __future__ import annotations
+
+from loop.models import Effect, Step
+from loop.serialize import question_dict
+
+from .conftest import make_task, step
+
+
+def blocked_step_with_effects(kind: str, states: dict[str, str]) -> Step:
+    """A blocked step holding one effect per state. The tool judge makes one effect per step;
+    a judge that makes several calls (Pippa) can leave them in different states."""
+    task = make_task(step("send", "http.post", args={"url": "http://127.0.0.1:9/hook"}))
+    row = task.steps.get()
+    for name, state in states.items():
+        Effect.objects.create(
+            id=name * 64, task=task, step=row, tool="http.post", target=f"POST {name}", state=state
+        )
+    Step.objects.filter(pk=row.pk).update(state="blocked", question_kind=kind, question_text="?")
+    return Step.objects.get(pk=row.pk)
+
+
+def test_did_it_happen_names_only_effects_whose_outcome_is_unknown(db: None) -> None:
+    asked = blocked_step_with_effects(
+        "did_it_happen", {"a": "succeeded", "b": "uncertain", "c": "pending"}
+    )
+    question = question_dict(asked, list(asked.effects.order_by("id")))
+    assert question is not None
+    assert [e["id"] for e in question["effects"]] == ["b" * 64]
+
+
+def test_may_i_names_only_effects_not_sent_yet(db: None) -> None:
+    asked = blocked_step_with_effects("may_i", {"a": "succeeded", "c": "pending"})
+    question = question_dict(asked, list(asked.effects.order_by("id")))
+    assert question is not None
+    assert [e["id"] for e in question["effects"]] == ["c" * 64]
