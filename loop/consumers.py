@@ -30,10 +30,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         can_act = await database_sync_to_async(user.has_perm)("loop.confirm_step")
         topic = live.Topic.parse(query.get("topic", [""])[0], can_act=can_act)
         after_raw = query.get("after", [""])[0]
-        if topic is None or (after_raw and not after_raw.isdigit()):
+        # `seen`: ids the page already has near `after`. On PostgreSQL a lower id can commit
+        # after a higher one, so the replay re-reads a window below `after`; these are dropped.
+        seen_raw = [i for i in query.get("seen", [""])[0].split(",") if i][: live.SEEN_LIMIT]
+        if topic is None or not all(i.isdigit() for i in [after_raw or "0", *seen_raw]):
             await self.close(code=NOT_FOUND)
             return
         self.seen = live.SeenIds(await database_sync_to_async(live.trailing_window)())
+        self.seen.add(int(i) for i in seen_raw)
         self.shown: dict[str, str] = {}  # DOM id -> the HTML this connection last sent for it
         await self.accept()
         self.topic = topic

@@ -15,7 +15,8 @@ reconnecting page's replay, and every piece of HTML comes from a template partia
 
 Event ids: on SQLite (one writer at a time) ids commit in order, so "after the last id" loses
 nothing. On PostgreSQL a lower id can commit after a higher one; there the tailer re-reads a
-trailing window of ids and skips those it already sent (`SeenIds`), and so does a replay.
+trailing window of ids and skips those it already sent (`SeenIds`); a reconnecting page sends
+the ids it has seen within that window, so its replay is exact there too.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ POLL_SECONDS = settings.LOOP_LIVE_POLL_MS / 1000
 BANNER_SECONDS = 5.0
 BATCH = 500
 REPLAY_ROWS = 200
+SEEN_LIMIT = 1024  # at most this many ids in a reconnecting page's `seen`
 PROCESS = f"p{os.getpid()}-{secrets.token_hex(4)}"
 PLAN_CHANGES = frozenset({EventKind.STEPS_ADDED, EventKind.STEP_EDITED})
 WORKER_KINDS = frozenset(

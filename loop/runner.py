@@ -485,10 +485,12 @@ def lease_free_q():  # type: ignore[no-untyped-def]
 
 
 def low_disk_reason() -> str:
-    """Why new work should wait for room, or ''."""
-    if connection.vendor != "sqlite":
-        return ""
-    folder = Path(str(settings.DATABASES["default"]["NAME"])).parent
+    """Why new work should wait for room, or ''. On SQLite the database's own folder; on a
+    database server (whose disk a worker cannot see) the worker's local data folder."""
+    if connection.vendor == "sqlite":
+        folder = Path(str(settings.DATABASES["default"]["NAME"])).parent
+    else:
+        folder = Path(settings.DATA_DIR)
     free_mb = shutil.disk_usage(folder).free // (1024 * 1024)
     if free_mb < settings.LOOP_MIN_FREE_MB:
         return f"low disk: {free_mb} MB free under {folder}, below LOOP_MIN_FREE_MB={settings.LOOP_MIN_FREE_MB}"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import psycopg
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
@@ -36,7 +37,7 @@ class Delivery:
 
 @dataclass
 class _Record:
-    db_path: str | None
+    db_path: str | None  # a DATABASE_URL: sqlite:///… or postgres://…
     max_delay_ms: int
     deliveries: list[Delivery] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -44,10 +45,16 @@ class _Record:
     in_flight: int = 0
 
     def committed_state(self, where: str, params: tuple[Any, ...]) -> str:
+        """The effect's state as committed, read on a connection of our own."""
         if not self.db_path:
             return "?"
-        with sqlite3.connect(self.db_path, timeout=30) as db:
-            row = db.execute(f"SELECT state FROM loop_effect WHERE {where}", params).fetchone()  # noqa: S608
+        sql = f"SELECT state FROM loop_effect WHERE {where}"  # noqa: S608
+        if self.db_path.startswith("postgres://"):
+            with psycopg.connect(self.db_path, autocommit=True) as pg:
+                row = pg.execute(sql.replace("?", "%s"), params).fetchone()
+        else:
+            with sqlite3.connect(self.db_path.removeprefix("sqlite:///"), timeout=30) as db:
+                row = db.execute(sql, params).fetchone()
         return row[0] if row else "(no intent)"
 
     def add(self, delivery: Delivery) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from loop.models import Effect, EffectState, Event, EventKind, Step, Task, Worker
 from loop.tools.mail import message_id
@@ -103,7 +102,7 @@ def test_no_side_effect_happens_twice_when_the_worker_is_killed_at_random(
     seed = int(os.environ.get("CHAOS_SEED", str(random.randrange(1 << 30))))
     print(f"\nchaos seed {seed} (CHAOS_SEED={seed} repeats the plans and kill times)")
     rng = random.Random(seed)
-    db_path = str(connection.settings_dict["NAME"])
+    db_path = process_env()["DATABASE_URL"]
     files = tmp_path / "files"
     files.mkdir()
     logs = tmp_path / "workers.log"

@@ -73,6 +73,18 @@ def last_event_id() -> int:
     return Event.objects.aggregate(top=Max("id"))["top"] or 0
 
 
+def seen_near(last: int) -> str:
+    """The ids a page rendered now already reflects within the window where ids may still
+    commit late (PostgreSQL), so its first live connection is not sent them again."""
+    from ..live import trailing_window
+
+    window = trailing_window()
+    if not window:
+        return ""
+    ids = Event.objects.filter(id__gt=last - window, id__lte=last).values_list("id", flat=True)
+    return ",".join(str(i) for i in ids)
+
+
 def waiting_count() -> int:
     return Step.objects.blocked().count()
 

@@ -19,7 +19,11 @@ from .respond import actor, answer, can_act
 def home(request: HttpRequest) -> HttpResponse:
     last = context.last_event_id()
     page = context.home(can_act=can_act(request))
-    return render(request, "loop/home.html", {**page, "last_event": last, "topic": "home"})
+    return render(
+        request,
+        "loop/home.html",
+        {**page, "last_event": last, "seen_events": context.seen_near(last), "topic": "home"},
+    )
 
 
 @login_required

@@ -32,6 +32,7 @@ def _page(
         {
             **page,
             "last_event": last,
+            "seen_events": context.seen_near(last),
             "topic": f"task-{task.pk}",
             "add_form": add_form or AddStepsForm(keys=page["all_keys"]),
             "supersede_form": supersede_form or PlanForm(),

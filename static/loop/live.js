@@ -6,7 +6,9 @@
   const topic = body.dataset.topic;
   if (!topic) return;
   const baseTitle = document.title.replace(/^\(\d+\) /, "");
-  const state = (window.pippaLive = { last: Number(body.dataset.lastEvent || 0), messages: 0 });
+  const state = (window.pippaLive = { last: Number(body.dataset.lastEvent || 0), messages: 0,
+    recent: (body.dataset.seenEvents || "").split(",").filter(Boolean).map(Number) });
+  const WINDOW = 256; // ids below `last` that may still commit late (PostgreSQL)
   let delay = 250;
 
   function fragment(html) {
@@ -44,7 +46,9 @@
     });
     (msg.events || []).forEach(function (id) {
       if (id > state.last) state.last = id;
+      state.recent.push(id);
     });
+    state.recent = state.recent.filter(function (id) { return id > state.last - WINDOW; });
     if (typeof msg.count === "number") {
       document.title = (msg.count ? "(" + msg.count + ") " : "") + baseTitle;
     }
@@ -53,7 +57,8 @@
 
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const url = scheme + location.host + "/ws/live?topic=" + encodeURIComponent(topic) + "&after=" + state.last;
+    const url = scheme + location.host + "/ws/live?topic=" + encodeURIComponent(topic) + "&after=" + state.last +
+      "&seen=" + state.recent.join(",");
     const ws = new WebSocket(url);
     state.socket = ws;
     ws.onopen = function () {
