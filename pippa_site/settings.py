@@ -73,6 +73,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "loop",
+    # Apps that only add tools (their tools.py is autodiscovered), e.g. the tests' recording tool.
+    *env_list("PIPPA_EXTRA_APPS", []),
 ]
 
 MIDDLEWARE = [

@@ -27,7 +27,9 @@ def test_steps_run_in_order_and_outputs_flow(worker: Runner) -> None:
     assert kinds.count("step_started") == 2 and kinds.count("step_done") == 2
 
 
-def test_transient_error_retries_then_fails_at_the_cap(worker: Runner, file_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
+def test_transient_error_retries_then_fails_at_the_cap(
+    worker: Runner, file_root: Path, settings
+) -> None:  # type: ignore[no-untyped-def]
     settings.LOOP_RETRY_BASE_SECONDS = 0
     task = make_task(
         step("fetch", "http.get", args={"url": "http://127.0.0.1:9/nothing"}, max_attempts=3),
@@ -39,6 +41,7 @@ def test_transient_error_retries_then_fails_at_the_cap(worker: Runner, file_root
     assert "gave up after 3 attempts" in fetch.error
     task.refresh_from_db()
     assert task.state == "paused"  # "after" remains: the task waits for a person
+
 
 def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -> None:
     task = make_task(step("read", "file.read", args={"path": "missing.txt"}), step("after"))

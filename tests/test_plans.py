@@ -48,8 +48,17 @@ def test_errors_name_step_and_field() -> None:
 
 def test_side_effect_tool_cannot_be_declared_read_only() -> None:
     found = errors_of(
-        {"title": "T", "steps": [{"key": "w", "tool": "file.write", "side_effect": False,
-                                  "args": {"path": "a", "content": "b"}}]}
+        {
+            "title": "T",
+            "steps": [
+                {
+                    "key": "w",
+                    "tool": "file.write",
+                    "side_effect": False,
+                    "args": {"path": "a", "content": "b"},
+                }
+            ],
+        }
     )
     assert found == ["step 'w': tool 'file.write' has side effects; 'side_effect' can't be false"]
 

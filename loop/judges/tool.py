@@ -16,6 +16,19 @@ log = logging.getLogger("loop.judge")
 
 
 def run(step: Step, holder: effects.Holder) -> Verdict:
+    call = tools.Call(
+        task_id=step.task_id,
+        step_id=step.pk,
+        step_key=step.key,
+        attempt=step.attempts,
+        owner=holder.owner,
+        epoch=holder.epoch,
+    )
+    with tools.calling(call):
+        return _run(step, holder)
+
+
+def _run(step: Step, holder: effects.Holder) -> Verdict:
     where = f"step '{step.key}'"
     try:
         tool = tools.get(step.tool)
