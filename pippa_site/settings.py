@@ -125,6 +125,9 @@ def database_from_url(url: str | None) -> dict[str, Any]:
             "transaction_mode": "IMMEDIATE",
             "timeout": env_int("LOOP_SQLITE_BUSY_TIMEOUT", 30),
         }
+        # A SQLite connection is a file handle with nothing to go stale: keep it, instead
+        # of reopening it (and re-running the PRAGMAs) for every request and every tick.
+        config["CONN_MAX_AGE"] = None
         # Tests run on a file too (never in memory), beside the real one.
         name = Path(str(config["NAME"]))
         config["TEST"] = {"NAME": str(name.with_name(f"test_{name.name}"))}
