@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 from django.utils import timezone
 
-from . import actions, effects, guard, journal, lease, questions, tools
+from . import actions, effects, guard, journal, lease, questions, rows, tools
 from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import (
@@ -280,8 +280,15 @@ class Runner:
         step and start it, or record why not (a question, the attempt cap, a wait) and let
         the lease go. `task` is the row if the caller already read it in this transaction."""
         if task is None:
-            task = Task.objects.get(pk=task_id)
-        step = task.steps.open().first()
+            task = rows.load(Task, "id = %s", [task_id])
+            assert task is not None
+        # Step.objects.open().first(), in plan order (index step_position_unique).
+        step = rows.load(
+            Step,
+            "task_id = %s AND state NOT IN (%s, %s)",
+            [task.pk, StepState.DONE, StepState.FAILED],
+            order="position",
+        )
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             lease.release(task)
@@ -417,10 +424,15 @@ class Runner:
                 )
                 log.warning("late verdict for %s refused: %s", started.step, exc)
                 return LATE
-            step = Step.objects.get(pk=started.step.pk)
-            self._apply(task, step, verdict)
+            # The row as our start wrote it: only this lease holder changes a running step,
+            # and every transition compares the state it expects.
+            step = started.step
             if chain and self._may_continue(task, verdict):
+                # The next step's guard and start decide the task's fate: follow() would see
+                # a running task whose first open step is not blocked, and change nothing.
+                self._apply(task, step, verdict, follow=False)
                 return self._begin(task.pk, started.epoch, task=task)
+            self._apply(task, step, verdict)
             lease.release(task)
         return None
 
@@ -432,7 +444,7 @@ class Runner:
             and not low_disk_reason()
         )
 
-    def _apply(self, task: Task, step: Step, verdict: Verdict) -> None:
+    def _apply(self, task: Task, step: Step, verdict: Verdict, *, follow: bool = True) -> None:
         if verdict.kind == "done":
             move_step(
                 step,
@@ -441,7 +453,8 @@ class Runner:
                 actor=self.actor,
                 fields={"output": verdict.output, "finished_at": timezone.now(), "retry_at": None},
             )
-            actions.follow(task, actor=self.actor)
+            if follow:
+                actions.follow(task, actor=self.actor)
         elif verdict.kind == "retry" and step.attempts < step.max_attempts:
             delay = verdict.delay
             if delay is None:
