@@ -220,7 +220,10 @@ class Runner:
             Worker.objects.filter(pk=self.worker.pk).update(**fields)
             self.unrecorded_error = ""
             if current and time.monotonic() - since < settings.LOOP_STEP_TIMEOUT:
-                if not lease.renew(current.task_id, self.worker.pk, current.epoch):
+                renewed = lease.renew(current.task_id, self.worker.pk, current.epoch)
+                with self._lock:
+                    still_running = self.current is current  # not just committed and released
+                if not renewed and still_running:
                     log.warning("task %s: lease moved on while its step ran", current.task_id)
         except DatabaseError as exc:
             log.error("heartbeat write failed: %s", exc)
