@@ -146,6 +146,7 @@ class LoopMachine(RuleBasedStateMachine):
         self.tasks: list[int] = []
         self.keys = 0
         self.finished: dict[int, tuple[str, int, Any]] = {}  # done/failed steps, as first seen
+        self.never_run: set[int] = set()  # pending steps of superseded tasks
 
     def teardown(self) -> None:
         transaction.set_rollback(True)
@@ -210,6 +211,24 @@ class LoopMachine(RuleBasedStateMachine):
                 started = started.filter(position__gt=anchor)
             assert task.state in ("done", "failed", "superseded") or started.exists(), str(exc)
 
+    @precondition(lambda self: self.tasks)
+    @rule(data=st.data(), specs=st.lists(STEP_SPECS, min_size=1, max_size=3))
+    def supersede(self, data: st.DataObject, specs: list[dict[str, Any]]) -> None:
+        task_id = data.draw(st.sampled_from(self.tasks))
+        before = Task.objects.get(pk=task_id).state
+        plan = plans.validate({"title": "successor", "steps": self._steps(specs)})
+        try:
+            successor = actions.supersede(task_id=task_id, plan=plan, actor="pippa")
+        except actions.Refused:
+            assert not TASK.allows(before, "supersede")
+            return
+        self.tasks.append(successor.pk)
+        self.never_run |= set(
+            Step.objects.filter(task_id=task_id, state=StepState.PENDING).values_list(
+                "pk", flat=True
+            )
+        )
+
     @rule()
     def drain(self) -> None:
         run_until_idle(self.runner, limit=500)  # the machine cannot spin forever
@@ -259,6 +278,11 @@ class LoopMachine(RuleBasedStateMachine):
             assert starts[pk] == attempts, f"step {pk}: {attempts} attempts, {starts[pk]} starts"
 
     @invariant()
+    def a_superseded_tasks_pending_steps_never_run(self) -> None:
+        ran = Step.objects.filter(pk__in=self.never_run).exclude(state=StepState.PENDING)
+        assert not ran.exists(), list(ran.values("key", "state"))
+
+    @invariant()
     def no_task_is_done_with_an_open_step(self) -> None:
         done_with_open = Task.objects.filter(
             state=TaskState.DONE, steps__state__in=actions.OPEN_STEP_STATES
@@ -276,5 +300,5 @@ def test_real_rows_keep_the_invariants_through_ticks_cuts_and_edits(
     settings.LOOP_RETRY_BASE_SECONDS = 0  # a retry verdict may run again at the next tick
     run_state_machine_as_test(
         LoopMachine,
-        settings=hypothesis_settings(max_examples=40, stateful_step_count=25, deadline=None),
+        settings=hypothesis_settings(max_examples=80, stateful_step_count=30, deadline=None),
     )
