@@ -74,6 +74,8 @@ def test_sigkill_at_random_moments_costs_at_most_the_step_in_flight(
 
     survivor = start_runloop(log=out)
     processes.append(survivor)
+    # Booted first: a SIGTERM before the worker installed its handlers would just end it.
+    wait_for(lambda: Worker.objects.filter(pk__gt=seen_worker, pid=survivor.pid).exists())
     wait_for(lambda: not Task.objects.open().exists(), timeout=90)
     survivor.send_signal(signal.SIGTERM)
     assert survivor.wait(timeout=30) == 0
