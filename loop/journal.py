@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import connection, transaction
+from django.utils import timezone
 
+from . import rows
 from .models import Effect, Event, EventKind, Step, Task
 
 log = logging.getLogger("loop.journal")
@@ -47,13 +49,18 @@ def record(
     task_id = task.pk if isinstance(task, Task) else task
     if task_id is None and step is not None:
         task_id = step.task_id
-    event = Event.objects.create(
+    now = timezone.now()
+    row: dict[str, Any] = {"kind": kind, "task": task_id, "step": step, "effect": effect}
+    row.update(actor=actor, data=data, created_at=now)
+    event = Event(
+        id=rows.insert(Event, row),
         kind=kind,
         task_id=task_id,
         step=step,
         effect=effect,
         actor=actor,
         data=data,
+        created_at=now,
     )
     if _listeners:
         transaction.on_commit(_wake)

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from . import rows
 from .models import Effect, EffectState, Task, TaskState
 
 
@@ -49,7 +50,9 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
 
 def fenced(task_id: int, owner: int, epoch: int) -> Task:
     """The task, locked for this transaction, if `owner` still holds it at `epoch`."""
-    task = Task.objects.select_for_update().get(pk=task_id)
+    task = rows.load(Task, "id = %s", [task_id], for_update=True)
+    if task is None:
+        raise Task.DoesNotExist(f"task {task_id}")
     if task.lease_owner != owner or task.lease_epoch != epoch:
         raise LeaseLost(
             f"task {task_id}: lease is now epoch {task.lease_epoch} of owner "

@@ -23,10 +23,20 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 from django.utils import timezone
 
-from . import actions, effects, guard, journal, lease, questions, tools
+from . import actions, effects, guard, journal, lease, questions, rows, tools
 from .judges import Verdict
 from .judges import tool as tool_judge
-from .models import Effect, EffectState, EventKind, Step, StepState, Task, Worker, WorkerState
+from .models import (
+    Effect,
+    EffectState,
+    EventKind,
+    Step,
+    StepState,
+    Task,
+    TaskState,
+    Worker,
+    WorkerState,
+)
 from .transitions import move_step
 
 log = logging.getLogger("loop.runner")
@@ -37,6 +47,13 @@ class Started:
     task_id: int
     epoch: int
     step: Step
+
+
+class Late:
+    """A verdict refused by the fencing check (journaled as `late_result`)."""
+
+
+LATE = Late()
 
 
 @dataclass
@@ -112,6 +129,7 @@ class Runner:
         self.current: Started | None = None
         self.current_since = 0.0
         self.in_hand = ""  # the task and step being claimed or started, for error messages
+        self._found_work = False
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
 
@@ -203,7 +221,10 @@ class Runner:
             Worker.objects.filter(pk=self.worker.pk).update(**fields)
             self.unrecorded_error = ""
             if current and time.monotonic() - since < settings.LOOP_STEP_TIMEOUT:
-                if not lease.renew(current.task_id, self.worker.pk, current.epoch):
+                renewed = lease.renew(current.task_id, self.worker.pk, current.epoch)
+                with self._lock:
+                    still_running = self.current is current  # not just committed and released
+                if not renewed and still_running:
                     log.warning("task %s: lease moved on while its step ran", current.task_id)
         except DatabaseError as exc:
             log.error("heartbeat write failed: %s", exc)
@@ -211,29 +232,35 @@ class Runner:
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self) -> bool:
-        """One pass: claim a task, run its first open step, commit the verdict. True if it
-        found work."""
+        """One pass: claim a task, run its first open step, commit the verdict. While the
+        verdict is `done` and the task runs on, the same commit starts its next step under
+        the same lease, so a task's steps follow each other without a fresh claim. True if
+        it found work."""
         if not self._space_ok():
             return False
         started = None
         try:
-            if not Task.objects.running().filter(lease_free_q()).exists():
+            # A cheap read first, so an idle worker does not take the write lock every poll.
+            if not self._found_work and not Task.objects.running().filter(lease_free_q()).exists():
                 return False
             with transaction.atomic():
                 claimed = lease.claim(self.worker_id)
                 if claimed is None:
+                    self._found_work = False
                     return False
                 begun = self._begin(*claimed)
-            if isinstance(begun, NeedsProbe):
-                begun = self._probe_then_begin(begun)
-            if begun is None:
-                return True
-            started = begun
-            with self._lock:
-                self.current, self.current_since = started, time.monotonic()
-            holder = effects.Holder(self.worker_id, started.epoch, self.actor)
-            verdict = tool_judge.run(started.step, holder)
-            self.commit(started, verdict)
+            self._found_work = True
+            while begun is not None:
+                if isinstance(begun, NeedsProbe):
+                    begun = self._probe_then_begin(begun)
+                    continue
+                started = begun
+                with self._lock:
+                    self.current, self.current_since = started, time.monotonic()
+                holder = effects.Holder(self.worker_id, started.epoch, self.actor)
+                verdict = tool_judge.run(started.step, holder)
+                after = self._commit(started, verdict, chain=not self.once)
+                begun = None if isinstance(after, Late) else after
             return True
         except DatabaseError as exc:
             self._write_failed(exc, started)
@@ -251,17 +278,29 @@ class Runner:
         assert self.worker is not None
         return self.worker.pk
 
-    def _begin(self, task_id: int, epoch: int, probed: bool = False) -> Started | NeedsProbe | None:
-        """Inside the claim's transaction: guard the first open step and start it, or record
-        why not (a question, the attempt cap, a wait) and let the lease go."""
-        task = Task.objects.get(pk=task_id)
-        step = task.steps.open().first()
+    def _begin(
+        self, task_id: int, epoch: int, probed: bool = False, task: Task | None = None
+    ) -> Started | NeedsProbe | None:
+        """Inside the claim's (or the previous verdict's) transaction: guard the first open
+        step and start it, or record why not (a question, the attempt cap, a wait) and let
+        the lease go. `task` is the row if the caller already read it in this transaction."""
+        if task is None:
+            task = rows.load(Task, "id = %s", [task_id])
+            assert task is not None
+        # Step.objects.open().first(), in plan order (index step_position_unique).
+        step = rows.load(
+            Step,
+            "task_id = %s AND state NOT IN (%s, %s)",
+            [task.pk, StepState.DONE, StepState.FAILED],
+            order="position",
+        )
         self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             lease.release(task)
             return None
-        step_effects = list(step.effects.all())
+        # A read-only step never has effects: the judge refuses side-effect tools for it.
+        step_effects = list(step.effects.all()) if step.side_effect else []
         now = timezone.now()
         for effect in step_effects:
             if effect.state == EffectState.RUNNING and not _live(effect, now):
@@ -370,6 +409,14 @@ class Runner:
     def commit(self, started: Started, verdict: Verdict) -> bool:
         """The verdict, fenced: it lands only while this worker still holds the lease at its
         epoch. A late verdict is journaled as `late_result` and changes nothing."""
+        return self._commit(started, verdict, chain=False) is not LATE
+
+    def _commit(
+        self, started: Started, verdict: Verdict, *, chain: bool
+    ) -> Started | NeedsProbe | None | Late:
+        """`commit`, and with `chain` the start of the task's next step in the same
+        transaction (what the next tick would do, minus a claim and a commit), while the
+        verdict was `done`, the task is still running and this worker may take work."""
         with transaction.atomic():
             try:
                 task = lease.fenced(started.task_id, self.worker_id, started.epoch)
@@ -382,13 +429,28 @@ class Runner:
                     reason=str(exc),
                 )
                 log.warning("late verdict for %s refused: %s", started.step, exc)
-                return False
-            step = Step.objects.get(pk=started.step.pk)
+                return LATE
+            # The row as our start wrote it: only this lease holder changes a running step,
+            # and every transition compares the state it expects.
+            step = started.step
+            if chain and self._may_continue(task, verdict):
+                # The next step's guard and start decide the task's fate: follow() would see
+                # a running task whose first open step is not blocked, and change nothing.
+                self._apply(task, step, verdict, follow=False)
+                return self._begin(task.pk, started.epoch, task=task)
             self._apply(task, step, verdict)
             lease.release(task)
-        return True
+        return None
 
-    def _apply(self, task: Task, step: Step, verdict: Verdict) -> None:
+    def _may_continue(self, task: Task, verdict: Verdict) -> bool:
+        return (
+            verdict.kind == "done"
+            and task.state == TaskState.RUNNING
+            and not self.stopping
+            and not low_disk_reason()
+        )
+
+    def _apply(self, task: Task, step: Step, verdict: Verdict, *, follow: bool = True) -> None:
         if verdict.kind == "done":
             move_step(
                 step,
@@ -397,7 +459,8 @@ class Runner:
                 actor=self.actor,
                 fields={"output": verdict.output, "finished_at": timezone.now(), "retry_at": None},
             )
-            actions.follow(task, actor=self.actor)
+            if follow:
+                actions.follow(task, actor=self.actor)
         elif verdict.kind == "retry" and step.attempts < step.max_attempts:
             delay = verdict.delay
             if delay is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import journal
+from . import journal, rows
 from .models import Effect, EventKind, Step, Task
 from .states import EFFECT, STEP, TASK
 
@@ -30,9 +30,8 @@ def _cas(
     changes = {"state": new_state, **fields}
     if hasattr(obj, "updated_at"):
         changes.setdefault("updated_at", timezone.now())
-    rows = model.objects.filter(pk=obj.pk, state=obj.state, **(where or {}))  # type: ignore[attr-defined]
-    count = rows.update(**changes)
-    if count != 1:
+    match = {model._meta.pk.name: obj.pk, "state": obj.state, **(where or {})}  # type: ignore[union-attr]
+    if rows.update(model, changes, match) != 1:
         raise Conflict(f"{obj} is no longer {obj.state}")
     for name, value in changes.items():
         setattr(obj, name, value)

@@ -73,7 +73,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "loop",
-    # Operators may add apps (their own tools); the tests load a testing knob this way.
+    # Apps that add tools (their tools.py is autodiscovered); the tests load their recording
+    # tool and a testing knob this way.
     *env_list("PIPPA_EXTRA_APPS", []),
 ]
 
@@ -125,6 +126,9 @@ def database_from_url(url: str | None) -> dict[str, Any]:
             "transaction_mode": "IMMEDIATE",
             "timeout": env_int("LOOP_SQLITE_BUSY_TIMEOUT", 30),
         }
+        # A SQLite connection is a file handle with nothing to go stale: keep it, instead
+        # of reopening it (and re-running the PRAGMAs) for every request and every tick.
+        config["CONN_MAX_AGE"] = None
         # Tests run on a file too (never in memory), beside the real one.
         name = Path(str(config["NAME"]))
         config["TEST"] = {"NAME": str(name.with_name(f"test_{name.name}"))}

@@ -22,6 +22,8 @@ from loop import actions, plans
 from loop.models import Task
 from loop.runner import Runner
 
+from .loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -86,6 +88,7 @@ def process_env(**extra: str) -> dict[str, str]:
         )
     env["PIPPA_DATA_DIR"] = str(Path(settings.DATA_DIR))
     env["PYTHONUNBUFFERED"] = "1"
+    env["PIPPA_EXTRA_APPS"] = "tests.loopapp"  # the children load the test tools too
     env.update(extra)
     return env
 

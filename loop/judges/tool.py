@@ -16,15 +16,30 @@ log = logging.getLogger("loop.judge")
 
 
 def run(step: Step, holder: effects.Holder) -> Verdict:
+    call = tools.Call(
+        task_id=step.task_id,
+        step_id=step.pk,
+        step_key=step.key,
+        attempt=step.attempts,
+        owner=holder.owner,
+        epoch=holder.epoch,
+    )
+    with tools.calling(call):
+        return _run(step, holder)
+
+
+def _run(step: Step, holder: effects.Holder) -> Verdict:
     where = f"step '{step.key}'"
     try:
         tool = tools.get(step.tool)
-        outputs = dict(
-            Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list(
-                "key", "output"
+        args = step.args
+        if plans.references(args):
+            outputs = dict(
+                Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list(
+                    "key", "output"
+                )
             )
-        )
-        args = plans.resolve(step.args, outputs)
+            args = plans.resolve(args, outputs)
         problems = tool.check_args(args, where)
         if problems:
             return Verdict.failed("; ".join(problems))

@@ -6,7 +6,9 @@ imports them when Django starts (`LoopConfig.ready`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +105,36 @@ def _short(value: Any, limit: int = 200) -> str:
 
 def is_reference(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
+
+
+@dataclass(frozen=True)
+class Call:
+    """The step a tool is running for, and the lease it runs under (see `current_call`)."""
+
+    task_id: int
+    step_id: int
+    step_key: str
+    attempt: int
+    owner: int  # the lease holder (a worker's id)
+    epoch: int  # the task's lease epoch: the fencing token of this run
+
+
+_call: ContextVar[Call | None] = ContextVar("loop_tool_call", default=None)
+
+
+def current_call() -> Call | None:
+    """Inside a tool: which step, attempt and lease epoch this call belongs to (None when the
+    tool is called outside a judge, e.g. from a plan check)."""
+    return _call.get()
+
+
+@contextmanager
+def calling(call: Call) -> Iterator[None]:
+    token = _call.set(call)
+    try:
+        yield
+    finally:
+        _call.reset(token)
 
 
 _registry: dict[str, Tool] = {}

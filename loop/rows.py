@@ -1,0 +1,133 @@
+"""Cached hand-written SQL for the statements the loop runs for every step.
+
+Django's query compiler costs 0.2-0.8 ms per statement; the loop runs about eight per step,
+while a durable SQLite commit costs about 0.2 ms (bench/loop_overhead.py). These helpers build
+each statement once per shape and convert values with the model fields' own converters, so
+rows read and written here are exactly what the ORM would read and write. Everything runs in
+the caller's transaction; nothing here decides whether a change is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connection, connections, models
+from django.db.models import Field, Model
+
+M = TypeVar("M", bound=Model)
+Converter = Callable[[Any, Any, Any], Any]
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+@cache
+def _select(model: type[Model], where: str, order: str, for_update: bool) -> str:
+    meta = model._meta
+    columns = ", ".join(_q(f.column) for f in meta.concrete_fields)
+    lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
+    tail = f" ORDER BY {order}" if order else ""
+    return f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {where}{tail} LIMIT 1{lock}"  # noqa: S608
+
+
+@cache
+def _converters(model: type[Model]) -> list[tuple[Any, list[Converter]]]:
+    table = model._meta.db_table
+    result = []
+    for field in model._meta.concrete_fields:
+        col = field.get_col(table)
+        result.append(
+            (col, [*connection.ops.get_db_converters(col), *field.get_db_converters(connection)])  # type: ignore[attr-defined]
+        )
+    return result
+
+
+def load(
+    model: type[M],
+    where: str,
+    params: Sequence[Any],
+    *,
+    order: str = "",
+    for_update: bool = False,
+) -> M | None:
+    """The first row matching `where` (SQL over column names, %s placeholders), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(_select(model, where, order, for_update), list(params))
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = []
+    for value, (col, converters) in zip(row, _converters(model), strict=True):
+        for convert in converters:
+            value = convert(value, col, connection)
+        values.append(value)
+    return model.from_db(connection.alias, None, values)  # type: ignore[arg-type]
+
+
+@cache
+def _field(model: type[Model], name: str) -> Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.concrete, f"{model.__name__}.{name}"
+    return field
+
+
+@cache
+def _as_is(field: Field[Any, Any]) -> type | None:
+    """The plain Python type the database takes as it is for this field, if any."""
+    if isinstance(field, models.CharField | models.TextField):
+        return str
+    if isinstance(field, models.IntegerField | models.BooleanField):
+        return int  # bool is an int
+    return None
+
+
+def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
+    plain = _as_is(field)
+    if value is None or (plain is not None and isinstance(value, plain)):
+        return value
+    if isinstance(value, Model):
+        value = value.pk
+    return field.get_db_prep_save(value, conn)
+
+
+@cache
+def _update(model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]) -> str:
+    sets = ", ".join(f"{_q(_field(model, n).column)} = %s" for n in names)
+    conds = " AND ".join(
+        f"{_q(_field(model, n).column)} IS NULL" if null else f"{_q(_field(model, n).column)} = %s"
+        for n, null in where
+    )
+    return f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}"  # noqa: S608
+
+
+def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
+    """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count."""
+    conn = connections["default"]
+    names = tuple(changes)
+    conds = tuple((name, where[name] is None) for name in where)
+    params = [_prep(_field(model, n), changes[n], conn) for n in names]
+    params += [_prep(_field(model, n), v, conn) for n, v in where.items() if v is not None]
+    with connection.cursor() as cursor:
+        cursor.execute(_update(model, names, conds), params)
+        return cursor.rowcount
+
+
+@cache
+def _insert(model: type[Model], names: tuple[str, ...]) -> str:
+    columns = ", ".join(_q(_field(model, n).column) for n in names)
+    marks = ", ".join("%s" for _ in names)
+    pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}"  # noqa: S608
+
+
+def insert(model: type[Model], values: dict[str, Any]) -> Any:
+    """INSERT one row; its primary key."""
+    conn = connections["default"]
+    names = tuple(values)
+    params = [_prep(_field(model, n), values[n], conn) for n in names]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert(model, names), params)
+        return cursor.fetchone()[0]

@@ -1,0 +1,59 @@
+"""The heartbeat renews the lease of the step in flight, and warns only when that step really
+lost its lease, not when the step merely committed while the beat was renewing."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from django.db import transaction
+
+from loop import lease
+from loop.models import Task
+from loop.runner import Runner, Started
+
+from .conftest import make_task, step
+
+
+def start_one(worker: Runner) -> Started:
+    make_task(step("a"))
+    with transaction.atomic():
+        claimed = lease.claim(worker.worker_id)
+        assert claimed is not None
+        started = worker._begin(*claimed)
+    assert isinstance(started, Started)
+    worker.current, worker.current_since = started, time.monotonic()
+    return started
+
+
+def test_the_beat_renews_the_lease_of_the_step_in_flight(worker: Runner) -> None:
+    started = start_one(worker)
+    Task.objects.filter(pk=started.task_id).update(lease_until=None)
+    worker.beat()
+    assert Task.objects.get(pk=started.task_id).lease_until is not None
+
+
+def test_a_lease_lost_mid_step_is_reported(
+    worker: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = start_one(worker)
+    Task.objects.filter(pk=started.task_id).update(lease_epoch=started.epoch + 1)
+    with caplog.at_level(logging.WARNING, logger="loop.runner"):
+        worker.beat()
+    assert "lease moved on while its step ran" in caplog.text
+
+
+def test_a_step_that_committed_during_the_beat_is_no_lost_lease(
+    worker: Runner, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_one(worker)
+
+    def renew_after_the_commit(*args: object, **kwargs: object) -> bool:
+        worker.current = None  # the tick committed the verdict and released the lease
+        return False
+
+    monkeypatch.setattr(lease, "renew", renew_after_the_commit)
+    with caplog.at_level(logging.WARNING, logger="loop.runner"):
+        worker.beat()
+    assert "lease moved on" not in caplog.text

@@ -1,0 +1,77 @@
+"""A done verdict and the start of the task's next step commit together, under the same lease,
+unless the task stopped running, the worker is draining, or the verdict was not `done`."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from loop import actions, lease
+from loop.judges import Verdict
+from loop.models import Event, Task
+from loop.runner import Runner, Started
+
+from .conftest import make_task, step
+
+
+def claim_and_start(worker: Runner) -> Started:
+    with transaction.atomic():
+        claimed = lease.claim(worker.worker_id)
+        assert claimed is not None
+        started = worker._begin(*claimed)
+    assert isinstance(started, Started)
+    return started
+
+
+def test_a_task_runs_all_its_steps_under_one_claim(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"), step("c"))
+    assert worker.tick() is True
+    task.refresh_from_db()
+    assert task.state == "done" and task.lease_epoch == 1 and task.lease_owner is None
+    kinds = list(
+        Event.objects.filter(task=task, step__isnull=False).values_list("kind", "step__key")
+    )
+    assert kinds == [
+        ("step_started", "a"),
+        ("step_done", "a"),
+        ("step_started", "b"),
+        ("step_done", "b"),
+        ("step_started", "c"),
+        ("step_done", "c"),
+    ]
+
+
+def test_the_next_step_starts_in_the_verdicts_commit(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"))
+    a = claim_and_start(worker)
+    b = worker._commit(a, Verdict.done({"value": "a"}), chain=True)
+    assert isinstance(b, Started) and b.step.key == "b" and b.epoch == a.epoch
+    task.refresh_from_db()
+    assert task.lease_owner == worker.worker_id  # still held: nobody else may take b
+    assert task.steps.get(key="b").state == "running"
+
+
+def test_a_task_paused_while_its_step_ran_does_not_go_on(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"))
+    a = claim_and_start(worker)
+    actions.pause(task_id=task.pk, actor="dad")
+    assert worker._commit(a, Verdict.done({"value": "a"}), chain=True) is None
+    task.refresh_from_db()
+    assert task.state == "paused" and task.lease_owner is None
+    assert task.steps.get(key="a").state == "done" and task.steps.get(key="b").state == "pending"
+
+
+def test_a_draining_worker_finishes_its_step_and_takes_no_next_one(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"))
+    a = claim_and_start(worker)
+    worker.stopping = True  # the first SIGTERM
+    assert worker._commit(a, Verdict.done({"value": "a"}), chain=True) is None
+    assert Task.objects.get(pk=task.pk).lease_owner is None
+    assert task.steps.get(key="b").state == "pending"
+
+
+def test_a_retry_verdict_lets_the_lease_go(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"))
+    a = claim_and_start(worker)
+    assert worker._commit(a, Verdict.retry("flaky", delay=60), chain=True) is None
+    task.refresh_from_db()
+    assert task.lease_owner is None and task.run_after is not None
