@@ -3,14 +3,15 @@ alive?"""
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from .models import HealthCheck, Worker, WorkerState
-from .runner import low_disk_reason
 
 
 class _Rollback(Exception):
@@ -43,3 +44,16 @@ def problems() -> list[str]:
     for worker in workers.filter(last_error_at__gte=recent):
         found.append(f"{worker} reported: {worker.last_error}")
     return found
+
+
+def low_disk_reason() -> str:
+    """Why new work should wait for room, or ''. On SQLite the database's own folder; on a
+    database server (whose disk a worker cannot see) the worker's local data folder."""
+    if connection.vendor == "sqlite":
+        folder = Path(str(settings.DATABASES["default"]["NAME"])).parent
+    else:
+        folder = Path(settings.DATA_DIR)
+    free_mb = shutil.disk_usage(folder).free // (1024 * 1024)
+    if free_mb < settings.LOOP_MIN_FREE_MB:
+        return f"low disk: {free_mb} MB free under {folder}, below LOOP_MIN_FREE_MB={settings.LOOP_MIN_FREE_MB}"
+    return ""

@@ -29,7 +29,8 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     """Claim one runnable task whose lease is free; returns (task id, new epoch).
 
     One UPDATE … WHERE id = (SELECT …) AND lease free … RETURNING: the row is claimed only if
-    nobody holds it, even when the subquery raced another worker. Uses index task_claim (state, id).
+    nobody holds it, even when the subquery raced another worker. Least-claimed first (every claim bumps the epoch), so a long task cannot starve the
+    others. Uses index task_claim (state, lease_epoch, id).
     """
     now = timezone.now()
     until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
@@ -38,7 +39,7 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     sql = (  # only constant fragments are formatted in
         f"UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "  # noqa: S608
         f"WHERE id = (SELECT id FROM loop_task WHERE state = %s AND {free} "
-        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY id LIMIT 1{skip_locked}) "
+        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY lease_epoch, id LIMIT 1{skip_locked}) "
         f"AND {free} RETURNING id, lease_epoch"
     )
     params = [owner, _db(until), TaskState.RUNNING, _db(now), _db(now), _db(now)]

@@ -127,8 +127,9 @@ class Task(models.Model):
 
     class Meta:
         indexes = [
-            # lease.claim: state='running' AND lease free AND run_after due, ORDER BY id.
-            models.Index(fields=["state", "id"], name="task_claim"),
+            # lease.claim: state='running' AND lease free AND run_after due,
+            # ORDER BY lease_epoch, id.
+            models.Index(fields=["state", "lease_epoch", "id"], name="task_claim"),
             models.Index(fields=["lease_owner"], name="task_lease_owner"),
         ]
 

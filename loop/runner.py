@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import FrameType
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.utils import timezone
 
 from . import actions, effects, guard, journal, lease, questions, rows, tools
+from .boot import proc_start_time, reconcile
+from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import (
@@ -63,61 +63,6 @@ class NeedsProbe:
     effects: list[Effect]
 
 
-def proc_start_time(pid: int) -> str:
-    """The kernel's start time of `pid` (field 22 of /proc/pid/stat), '' if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def pid_alive(pid: int, started: str) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not started or proc_start_time(pid) == started
-
-
-def dead_workers(*, exclude: int | None = None) -> list[Worker]:
-    """Workers that are gone: a stale heartbeat, or this host and a vanished pid."""
-    host = socket.gethostname()
-    stale = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
-    dead = []
-    for worker in Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED]):
-        if worker.pk == exclude:
-            continue
-        gone = worker.last_seen < stale or (
-            worker.host == host and not pid_alive(worker.pid, worker.pid_started)
-        )
-        if gone:
-            dead.append(worker)
-    return dead
-
-
-def reconcile(*, actor: str, exclude: int | None = None) -> dict[str, int]:
-    """Settle the effects and release the leases of dead workers; a live worker's work is
-    never touched. Each decision is journaled."""
-    counts = {"workers": 0, "effects": 0, "leases": 0}
-    for worker in dead_workers(exclude=exclude):
-        with transaction.atomic():
-            if not Worker.objects.filter(pk=worker.pk, state=worker.state).update(
-                state=WorkerState.DEAD
-            ):
-                continue  # another worker's boot got there first
-            journal.record(EventKind.WORKER_DEAD, actor=actor, worker=worker.pk, pid=worker.pid)
-            counts["workers"] += 1
-            counts["effects"] += effects.retire_dead([worker.pk], actor=actor)
-            for task in Task.objects.filter(lease_owner=worker.pk):
-                lease.release(task)
-                journal.record(EventKind.LEASE_RELEASED, task=task, actor=actor, worker=worker.pk)
-                counts["leases"] += 1
-    return counts
-
-
 class Runner:
     def __init__(self, *, label: str = "", once: bool = False) -> None:
         self.label = label
@@ -130,6 +75,7 @@ class Runner:
         self.current_since = 0.0
         self.in_hand = ""  # the task and step being claimed or started, for error messages
         self._found_work = False
+        self._claimed_at = 0.0  # when this tick claimed its task: chaining stops after a while
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
 
@@ -284,7 +230,8 @@ class Runner:
         """Inside the claim's (or the previous verdict's) transaction: guard the first open
         step and start it, or record why not (a question, the attempt cap, a wait) and let
         the lease go. `task` is the row if the caller already read it in this transaction."""
-        if task is None:
+        if task is None:  # a fresh claim (not a chained start)
+            self._claimed_at = time.monotonic()
             task = rows.load(Task, "id = %s", [task_id])
             assert task is not None
         # Step.objects.open().first(), in plan order (index step_position_unique).
@@ -447,6 +394,8 @@ class Runner:
             verdict.kind == "done"
             and task.state == TaskState.RUNNING
             and not self.stopping
+            # Let other tasks have a turn: the next claim takes the least-claimed task first.
+            and time.monotonic() - self._claimed_at < settings.LOOP_CHAIN_SECONDS
             and not low_disk_reason()
         )
 
@@ -545,16 +494,3 @@ def lease_free_q():  # type: ignore[no-untyped-def]
     return (Q(lease_until__isnull=True) | Q(lease_until__lt=now)) & (
         Q(run_after__isnull=True) | Q(run_after__lte=now)
     )
-
-
-def low_disk_reason() -> str:
-    """Why new work should wait for room, or ''. On SQLite the database's own folder; on a
-    database server (whose disk a worker cannot see) the worker's local data folder."""
-    if connection.vendor == "sqlite":
-        folder = Path(str(settings.DATABASES["default"]["NAME"])).parent
-    else:
-        folder = Path(settings.DATA_DIR)
-    free_mb = shutil.disk_usage(folder).free // (1024 * 1024)
-    if free_mb < settings.LOOP_MIN_FREE_MB:
-        return f"low disk: {free_mb} MB free under {folder}, below LOOP_MIN_FREE_MB={settings.LOOP_MIN_FREE_MB}"
-    return ""

@@ -198,6 +198,9 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "pippa@localhost")
 LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5)
 LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60)
 LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30)
+# A worker runs a task's next step in the commit of the last one's verdict for up to this long,
+# then lets the lease go so other tasks get a turn.
+LOOP_CHAIN_SECONDS = float(os.environ.get("LOOP_CHAIN_SECONDS", "1"))
 LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
 LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", 60)
 LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)

@@ -75,3 +75,13 @@ def test_a_retry_verdict_lets_the_lease_go(worker: Runner) -> None:
     assert worker._commit(a, Verdict.retry("flaky", delay=60), chain=True) is None
     task.refresh_from_db()
     assert task.lease_owner is None and task.run_after is not None
+
+
+def test_a_long_task_lets_others_have_a_turn(worker: Runner, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOP_CHAIN_SECONDS = 0  # no chaining past the first step of a claim
+    long = make_task(*(step(f"l{i}") for i in range(4)), title="long")
+    short = make_task(step("s"), title="short")
+    worker.tick()  # long's first step; the lease goes back
+    worker.tick()  # the least-claimed task next: short, not long again
+    assert Task.objects.get(pk=short.pk).state == "done"
+    assert long.steps.filter(state="done").count() == 1

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from loop.runner import reconcile
+from loop.boot import reconcile
 
 
 class Command(BaseCommand):
