@@ -1,8 +1,11 @@
-"""The worker: boot reconciliation, the tick, heartbeats and signals (DESIGN.md §4, §8, §9).
+"""The worker (DESIGN.md §4, §8, §11): registers after boot reconciliation, ticks, heartbeats
+and renews the live step's lease, parks on low disk, drains on the first signal.
 
 tick = claim + guard + start  (one commit)
      → judge (effects commit on their own)
-     → verdict, fenced on the lease epoch (one commit)
+     → verdict, fenced on the lease epoch (one commit, which also starts the next step)
+
+The transactions of a step's life are in `loop/tick.py`.
 """
 
 from __future__ import annotations
@@ -13,57 +16,28 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from types import FrameType
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.utils import timezone
 
-from . import actions, effects, guard, journal, lease, questions, rows, tools
+from . import effects, journal, lease
 from .boot import proc_start_time, reconcile
 from .health import low_disk_reason
-from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import (
-    Effect,
-    EffectState,
     EventKind,
-    Step,
-    StepState,
     Task,
-    TaskState,
     Worker,
     WorkerState,
 )
-from .transitions import move_step
+from .tick import Late, NeedsProbe, Started, StepLifecycle
 
 log = logging.getLogger("loop.runner")
 
 
-@dataclass
-class Started:
-    task_id: int
-    epoch: int
-    step: Step
-
-
-class Late:
-    """A verdict refused by the fencing check (journaled as `late_result`)."""
-
-
-LATE = Late()
-
-
-@dataclass
-class NeedsProbe:
-    task_id: int
-    epoch: int
-    effects: list[Effect]
-
-
-class Runner:
+class Runner(StepLifecycle):
     def __init__(self, *, label: str = "", once: bool = False) -> None:
         self.label = label
         self.once = once
@@ -224,221 +198,6 @@ class Runner:
         assert self.worker is not None
         return self.worker.pk
 
-    def _begin(
-        self, task_id: int, epoch: int, probed: bool = False, task: Task | None = None
-    ) -> Started | NeedsProbe | None:
-        """Inside the claim's (or the previous verdict's) transaction: guard the first open
-        step and start it, or record why not (a question, the attempt cap, a wait) and let
-        the lease go. `task` is the row if the caller already read it in this transaction."""
-        if task is None:  # a fresh claim (not a chained start)
-            self._claimed_at = time.monotonic()
-            task = rows.load(Task, "id = %s", [task_id])
-            assert task is not None
-        # Step.objects.open().first(), in plan order (index step_position_unique).
-        step = rows.load(
-            Step,
-            "task_id = %s AND state NOT IN (%s, %s)",
-            [task.pk, StepState.DONE, StepState.FAILED],
-            order="position",
-        )
-        self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
-        if step is None or step.state == StepState.BLOCKED:
-            actions.follow(task, actor=self.actor)
-            lease.release(task)
-            return None
-        # A read-only step never has effects: the judge refuses side-effect tools for it.
-        step_effects = list(step.effects.all()) if step.side_effect else []
-        now = timezone.now()
-        for effect in step_effects:
-            if effect.state == EffectState.RUNNING and not _live(effect, now):
-                effects.doubt(
-                    effect, actor=self.actor, why="its claim lapsed before the outcome was recorded"
-                )
-        tool = tools.get(step.tool)
-        facts = guard.StepFacts(
-            state=step.state,
-            side_effect=step.side_effect,
-            confirm_before=step.confirm_before,
-            attempts=step.attempts,
-            max_attempts=step.max_attempts,
-            retry_recorded=step.retry_at is not None,
-            authorized=bool(step.authorized_by),
-            repeatable=tool.safe_to_repeat,
-        )
-        decision = guard.decide(
-            facts,
-            [guard.EffectFacts(e.state, e.safe_to_repeat, _live(e, now)) for e in step_effects],
-            resume_unsent=settings.LOOP_RESUME_UNSENT,
-        )
-        if decision.starts:
-            self._start(step, decision)
-            return Started(task_id, epoch, step)
-        if decision is guard.Decision.ASK_DID_IT_HAPPEN:
-            uncertain = [e for e in step_effects if e.state == EffectState.UNCERTAIN]
-            if not probed and any(tools.get(e.tool).probe and not e.evidence for e in uncertain):
-                return NeedsProbe(task_id, epoch, uncertain)  # keep the lease; ask the world
-            self._ask(step, *questions.did_it_happen(uncertain))
-        elif decision in (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT):
-            target, summary = _describe(step, tool)
-            unsent = decision is guard.Decision.ASK_MAY_I_UNSENT
-            self._ask(step, *questions.may_i(tool.name, target, summary, unsent=unsent))
-        elif decision is guard.Decision.FAIL_CAP:
-            self._fail(step, f"gave up after {step.attempts} attempts (max {step.max_attempts})")
-        elif decision is guard.Decision.WAIT:
-            until = max(e.lease_until for e in step_effects if e.lease_until and _live(e, now))
-            Task.objects.filter(pk=task_id).update(run_after=until)
-        task.refresh_from_db()
-        actions.follow(task, actor=self.actor)
-        lease.release(task)
-        return None
-
-    def _probe_then_begin(self, need: NeedsProbe) -> Started | None:
-        """Look in the world before asking a person. Probes are reads that may take a while,
-        so they run after the claim committed; then the guard runs again, fenced."""
-        for effect in need.effects:
-            effects.probe_and_settle(effect, tools.get(effect.tool), actor=self.actor)
-        with transaction.atomic():
-            lease.fenced(need.task_id, self.worker_id, need.epoch)
-            begun = self._begin(need.task_id, need.epoch, probed=True)
-        assert not isinstance(begun, NeedsProbe)
-        return begun
-
-    def _start(self, step: Step, decision: guard.Decision) -> None:
-        now = timezone.now()
-        event = "start" if step.state == StepState.PENDING else "restart"
-        kind = EventKind.STEP_STARTED if event == "start" else EventKind.STEP_RESTARTED
-        authorized_by = step.authorized_by
-        move_step(
-            step,
-            event,
-            kind=kind,
-            actor=self.actor,
-            fields={
-                "attempts": step.attempts + 1,
-                "started_at": now,
-                "retry_at": None,
-                "authorized_by": "",
-                "error": "",
-                "question_kind": "",
-                "question_text": "",
-            },
-            data={"cut": event == "restart" and step.retry_at is None},
-        )
-        if decision is guard.Decision.START_AUTHORIZED:
-            journal.record(
-                EventKind.AUTHORIZATION_CONSUMED, step=step, actor=self.actor, by=authorized_by
-            )
-        elif decision is guard.Decision.START_RESUMED_UNSENT:
-            journal.record(EventKind.SIDE_EFFECT_RESUMED_UNSENT, step=step, actor=self.actor)
-        elif decision is guard.Decision.START_AUTO_CONFIRMED:
-            journal.record(EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step=step, actor=self.actor)
-
-    def _ask(self, step: Step, kind: str, text: str) -> None:
-        move_step(
-            step,
-            "ask",
-            kind=EventKind.STEP_BLOCKED,
-            actor=self.actor,
-            fields={"question_kind": kind, "question_text": text, "retry_at": None},
-            data={"question": kind},
-        )
-
-    def _fail(self, step: Step, error: str) -> None:
-        actions.cancel_unsettled(step, actor=self.actor)
-        move_step(
-            step,
-            "fail",
-            kind=EventKind.STEP_FAILED,
-            actor=self.actor,
-            fields={"error": error, "finished_at": timezone.now(), "retry_at": None},
-        )
-
-    def commit(self, started: Started, verdict: Verdict) -> bool:
-        """The verdict, fenced: it lands only while this worker still holds the lease at its
-        epoch. A late verdict is journaled as `late_result` and changes nothing."""
-        return self._commit(started, verdict, chain=False) is not LATE
-
-    def _commit(
-        self, started: Started, verdict: Verdict, *, chain: bool
-    ) -> Started | NeedsProbe | None | Late:
-        """`commit`, and with `chain` the start of the task's next step in the same
-        transaction (what the next tick would do, minus a claim and a commit), while the
-        verdict was `done`, the task is still running and this worker may take work."""
-        with transaction.atomic():
-            try:
-                task = lease.fenced(started.task_id, self.worker_id, started.epoch)
-            except lease.LeaseLost as exc:
-                journal.record(
-                    EventKind.LATE_RESULT,
-                    step=started.step,
-                    actor=self.actor,
-                    verdict=verdict.kind,
-                    reason=str(exc),
-                )
-                log.warning("late verdict for %s refused: %s", started.step, exc)
-                return LATE
-            # The row as our start wrote it: only this lease holder changes a running step,
-            # and every transition compares the state it expects.
-            step = started.step
-            if chain and self._may_continue(task, verdict):
-                # The next step's guard and start decide the task's fate: follow() would see
-                # a running task whose first open step is not blocked, and change nothing.
-                self._apply(task, step, verdict, follow=False)
-                return self._begin(task.pk, started.epoch, task=task)
-            self._apply(task, step, verdict)
-            lease.release(task)
-        return None
-
-    def _may_continue(self, task: Task, verdict: Verdict) -> bool:
-        return (
-            verdict.kind == "done"
-            and task.state == TaskState.RUNNING
-            and not self.stopping
-            # Let other tasks have a turn: the next claim takes the least-claimed task first.
-            and time.monotonic() - self._claimed_at < settings.LOOP_CHAIN_SECONDS
-            and not low_disk_reason()
-        )
-
-    def _apply(self, task: Task, step: Step, verdict: Verdict, *, follow: bool = True) -> None:
-        if verdict.kind == "done":
-            move_step(
-                step,
-                "finish",
-                kind=EventKind.STEP_DONE,
-                actor=self.actor,
-                fields={"output": verdict.output, "finished_at": timezone.now(), "retry_at": None},
-            )
-            if follow:
-                actions.follow(task, actor=self.actor)
-        elif verdict.kind == "retry" and step.attempts < step.max_attempts:
-            delay = verdict.delay
-            if delay is None:
-                delay = settings.LOOP_RETRY_BASE_SECONDS * 2 ** (step.attempts - 1)
-            retry_at = timezone.now() + timedelta(
-                seconds=min(delay, settings.LOOP_RETRY_MAX_SECONDS)
-            )
-            move_step(
-                step,
-                "retry",
-                kind=EventKind.STEP_RETRY,
-                actor=self.actor,
-                fields={"retry_at": retry_at, "error": verdict.error},
-                data={"retry_at": retry_at.isoformat(), "error": verdict.error},
-            )
-            Task.objects.filter(pk=task.pk).update(run_after=retry_at)
-        elif verdict.kind == "blocked":
-            uncertain = list(step.effects.filter(state=EffectState.UNCERTAIN))
-            self._ask(step, *questions.did_it_happen(uncertain))
-            actions.follow(task, actor=self.actor)
-        else:
-            error = verdict.error
-            if verdict.kind == "retry":
-                error = f"gave up after {step.attempts} attempts: {error}"
-            self._fail(step, error)
-            actions.after_step_failed(task, actor=self.actor)
-
-    # ---- disk and write failures ---------------------------------------------------------
-
     def _space_ok(self) -> bool:
         reason = low_disk_reason()
         if reason != self.parked_reason:
@@ -469,22 +228,6 @@ class Runner:
         message = f"write failed in {where}: {type(exc).__name__}: {exc}"
         log.error(message)
         self.unrecorded_error = message
-
-
-def _live(effect: Effect, now: datetime) -> bool:
-    return effect.state == EffectState.RUNNING and bool(
-        effect.lease_until and effect.lease_until > now
-    )
-
-
-def _describe(step: Step, tool: tools.Tool) -> tuple[str, str]:
-    try:
-        outputs = dict(step.task.steps.filter(state=StepState.DONE).values_list("key", "output"))
-        from .plans import resolve
-
-        return tool.summary(resolve(step.args, outputs))
-    except tools.ToolError:
-        return tool.summary(step.args)
 
 
 def lease_free_q():  # type: ignore[no-untyped-def]

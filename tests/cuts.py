@@ -12,7 +12,8 @@ from django.db import transaction
 
 from loop import effects, lease, tools
 from loop.models import Effect, Step, Task
-from loop.runner import Runner, Started
+from loop.runner import Runner
+from loop.tick import Started
 
 from .conftest import step
 

@@ -13,7 +13,8 @@ from django.db import transaction
 from loop import actions, effects, guard, lease
 from loop.guard import Decision, EffectFacts, StepFacts
 from loop.models import Effect, Event, Step, Task
-from loop.runner import Runner, Started
+from loop.runner import Runner
+from loop.tick import Started
 
 from .conftest import make_task, run_until_idle, step
 from .cuts import (

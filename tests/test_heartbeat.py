@@ -11,7 +11,8 @@ from django.db import transaction
 
 from loop import lease
 from loop.models import Task
-from loop.runner import Runner, Started
+from loop.runner import Runner
+from loop.tick import Started
 
 from .conftest import make_task, step
 

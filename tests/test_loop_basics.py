@@ -74,7 +74,7 @@ def test_add_steps_after_a_key_and_supersede(worker: Runner) -> None:
 
 def test_stale_holder_commit_is_refused_and_journaled(worker: Runner) -> None:
     from loop.judges import Verdict
-    from loop.runner import Started
+    from loop.tick import Started
 
     task = make_task(step("a"))
     from django.db import transaction

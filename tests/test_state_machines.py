@@ -30,8 +30,9 @@ from hypothesis.stateful import (
 
 from loop import actions, lease, plans
 from loop.models import EffectState, Event, Step, StepState, Task, TaskState
-from loop.runner import NeedsProbe, Runner, Started
+from loop.runner import Runner
 from loop.states import EFFECT, STEP, TASK, IllegalTransition, Machine
+from loop.tick import NeedsProbe, Started
 
 from .conftest import make_task, run_until_idle, step
 

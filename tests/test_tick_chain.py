@@ -8,7 +8,8 @@ from django.db import transaction
 from loop import actions, lease
 from loop.judges import Verdict
 from loop.models import Event, Task
-from loop.runner import Runner, Started
+from loop.runner import Runner
+from loop.tick import Started
 
 from .conftest import make_task, step
 
