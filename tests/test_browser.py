@@ -4,7 +4,6 @@ the test database file. Screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -342,4 +341,3 @@ def test_a_reader_sees_no_buttons_and_forged_or_tokenless_posts_get_403(
     tokenless = dad.request.post(f"{site}/steps/{pay.pk}/decide", form={"decision": "allow"})
     assert tokenless.status == 403
     assert Step.objects.get(pk=pay.pk).state == "blocked"
-    assert os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") == "true"
