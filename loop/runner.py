@@ -88,7 +88,12 @@ class Runner(StepLifecycle):
                 try:
                     found = self.tick()
                     failures = 0
-                except DatabaseError:
+                except DatabaseError:  # already logged and kept for the worker's row
+                    failures += 1
+                    found = False
+                except Exception as exc:  # a bug must not kill the worker: say it, back off
+                    log.exception("tick failed")
+                    self.unrecorded_error = f"tick failed: {type(exc).__name__}: {exc}"
                     failures += 1
                     found = False
                 if self.once:
@@ -136,10 +141,12 @@ class Runner(StepLifecycle):
             current, since = self.current, self.current_since
         try:
             fields: dict[str, object] = {"last_seen": timezone.now()}
-            if self.unrecorded_error:
-                fields.update(last_error=self.unrecorded_error, last_error_at=timezone.now())
+            error = self.unrecorded_error
+            if error:
+                fields.update(last_error=error, last_error_at=timezone.now())
             Worker.objects.filter(pk=self.worker.pk).update(**fields)
-            self.unrecorded_error = ""
+            if error and self.unrecorded_error == error:
+                self.unrecorded_error = ""  # recorded; a newer one waits for the next beat
             if current and time.monotonic() - since < settings.LOOP_STEP_TIMEOUT:
                 renewed = lease.renew(current.task_id, self.worker.pk, current.epoch)
                 with self._lock:

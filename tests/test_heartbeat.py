@@ -10,7 +10,7 @@ import pytest
 from django.db import transaction
 
 from loop import lease
-from loop.models import Task
+from loop.models import Task, Worker
 from loop.runner import Runner
 from loop.tick import Started
 
@@ -58,3 +58,23 @@ def test_a_step_that_committed_during_the_beat_is_no_lost_lease(
     with caplog.at_level(logging.WARNING, logger="loop.runner"):
         worker.beat()
     assert "lease moved on" not in caplog.text
+
+
+def test_a_tick_that_breaks_does_not_kill_the_worker(worker: Runner, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls = []
+
+    def broken() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a tick")
+        worker.stopping = True
+        return False
+
+    monkeypatch.setattr(worker, "boot", lambda: {})
+    monkeypatch.setattr(worker, "_install_signals", lambda: None)
+    monkeypatch.setattr(worker, "tick", broken)
+    monkeypatch.setattr("loop.runner.close_old_connections", lambda: None)  # the test's own
+    worker.run()  # returns once the second tick asks it to stop
+    assert len(calls) == 2
+    worker.beat()
+    assert "a bug in a tick" in Worker.objects.get(pk=worker.worker_id).last_error
