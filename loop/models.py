@@ -6,7 +6,6 @@ State fields are written only through `loop.transitions` (compare-and-set, check
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -268,10 +267,6 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.pk} ({self.label or self.host}:{self.pid})"
-
-
-def default_max_attempts() -> int:
-    return int(settings.LOOP_MAX_ATTEMPTS)
 
 
 class HealthCheck(models.Model):

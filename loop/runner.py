@@ -20,6 +20,7 @@ from types import FrameType
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import effects, journal, lease
@@ -237,9 +238,8 @@ class Runner(StepLifecycle):
         self.unrecorded_error = message
 
 
-def lease_free_q():  # type: ignore[no-untyped-def]
-    from django.db.models import Q
-
+def lease_free_q() -> Q:
+    """Claimable now: the lease is free and any retry is due (the claim's own conditions)."""
     now = timezone.now()
     return (Q(lease_until__isnull=True) | Q(lease_until__lt=now)) & (
         Q(run_after__isnull=True) | Q(run_after__lte=now)
