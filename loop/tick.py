@@ -88,7 +88,7 @@ class StepLifecycle:
                 effects.doubt(
                     effect, actor=self.actor, why="its claim lapsed before the outcome was recorded"
                 )
-        tool = tools.get(step.tool)
+        tool = tools.find(step.tool)  # None if its app is gone: the judge fails it, naming it
         facts = guard.StepFacts(
             state=step.state,
             side_effect=step.side_effect,
@@ -97,7 +97,7 @@ class StepLifecycle:
             max_attempts=step.max_attempts,
             retry_recorded=step.retry_at is not None,
             authorized=bool(step.authorized_by),
-            repeatable=tool.safe_to_repeat,
+            repeatable=bool(tool and tool.safe_to_repeat),
         )
         decision = guard.decide(
             facts,
@@ -109,13 +109,13 @@ class StepLifecycle:
             return Started(task_id, epoch, step)
         if decision is guard.Decision.ASK_DID_IT_HAPPEN:
             uncertain = [e for e in step_effects if e.state == EffectState.UNCERTAIN]
-            if not probed and any(tools.get(e.tool).probe and not e.evidence for e in uncertain):
+            if not probed and any(_probe_of(e) and not e.evidence for e in uncertain):
                 return NeedsProbe(task_id, epoch, uncertain)  # keep the lease; ask the world
             self._ask(step, *questions.did_it_happen(uncertain))
         elif decision in (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT):
             target, summary = _describe(step, tool)
             unsent = decision is guard.Decision.ASK_MAY_I_UNSENT
-            self._ask(step, *questions.may_i(tool.name, target, summary, unsent=unsent))
+            self._ask(step, *questions.may_i(step.tool, target, summary, unsent=unsent))
         elif decision is guard.Decision.FAIL_CAP:
             self._fail(step, f"gave up after {step.attempts} attempts (max {step.max_attempts})")
         elif decision is guard.Decision.WAIT:
@@ -130,7 +130,9 @@ class StepLifecycle:
         """Look in the world before asking a person. Probes are reads that may take a while,
         so they run after the claim committed; then the guard runs again, fenced."""
         for effect in need.effects:
-            effects.probe_and_settle(effect, tools.get(effect.tool), actor=self.actor)
+            tool = tools.find(effect.tool)
+            if tool is not None:
+                effects.probe_and_settle(effect, tool, actor=self.actor)
         with transaction.atomic():
             lease.fenced(need.task_id, self.worker_id, need.epoch)
             begun = self._begin(need.task_id, need.epoch, probed=True)
@@ -271,8 +273,6 @@ class StepLifecycle:
             self._fail(step, error)
             actions.after_step_failed(task, actor=self.actor)
 
-    # ---- disk and write failures ---------------------------------------------------------
-
 
 def _live(effect: Effect, now: datetime) -> bool:
     return effect.state == EffectState.RUNNING and bool(
@@ -280,7 +280,14 @@ def _live(effect: Effect, now: datetime) -> bool:
     )
 
 
-def _describe(step: Step, tool: tools.Tool) -> tuple[str, str]:
+def _probe_of(effect: Effect) -> object:
+    tool = tools.find(effect.tool)
+    return tool.probe if tool else None
+
+
+def _describe(step: Step, tool: tools.Tool | None) -> tuple[str, str]:
+    if tool is None:
+        return "", f"tool '{step.tool}' is not installed"
     try:
         outputs = dict(step.task.steps.filter(state=StepState.DONE).values_list("key", "output"))
         from .plans import resolve

@@ -105,3 +105,13 @@ def test_illegal_task_moves_are_refused(db: None, bad: str) -> None:
         actions.pause(task_id=task.pk, actor="dad")
         with pytest.raises(actions.Refused, match="can't pause when paused"):
             actions.pause(task_id=task.pk, actor="dad")
+
+
+def test_a_step_whose_tool_is_gone_fails_naming_it(worker: Runner) -> None:
+    task = make_task(step("a"), step("b"))
+    Step.objects.filter(task=task, key="a").update(tool="gone.tool")  # its app was removed
+    worker.tick()
+    a = task.steps.get(key="a")
+    assert a.state == "failed" and "unknown tool 'gone.tool'" in a.error
+    task.refresh_from_db()
+    assert task.state == "paused"  # "b" waits for a person, as after any failed step

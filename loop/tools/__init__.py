@@ -189,6 +189,10 @@ def get(name: str) -> Tool:
         raise ToolError(f"unknown tool '{name}'") from None
 
 
+def find(name: str) -> Tool | None:
+    return _registry.get(name)
+
+
 def names() -> list[str]:
     return sorted(_registry)
 
