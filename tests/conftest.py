@@ -146,3 +146,17 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     yield started
     for proc in started:
         kill(proc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stray_database_sessions(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """On PostgreSQL the test database is dropped at the end; sessions that children (daphne,
+    runloop) or channels' worker threads left behind would make that fail. End them first."""
+    yield
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
