@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import journal, lease
+from . import journal, lease, rows
 from .models import Effect, EffectState, EventKind, Step
 from .transitions import Conflict, move_effect
 
@@ -89,9 +89,11 @@ def call(
 ) -> dict[str, Any]:
     """Perform a side-effect tool call at most once; the stored answer on any repeat."""
     eid = effect_id(step, tool.name, args, key)
-    effect = Effect.objects.filter(pk=eid).first()
+    effect = rows.load(Effect, "id = %s", [eid])
     if effect is None:
         effect = _intend(holder, step, tool, args, eid)
+    elif effect.step_id == step.pk:
+        effect.step = step  # spare the journal a query for it
     answer = _answer_from_row(holder, effect)
     if answer is not None:
         return answer
@@ -102,7 +104,8 @@ def call(
 def _intend(holder: Holder, step: Step, tool: Tool, args: dict[str, Any], eid: str) -> Effect:
     target, summary = tool.summary(args)
     with transaction.atomic():
-        effect = Effect.objects.create(
+        effect = rows.create(
+            Effect,
             id=eid,
             task_id=step.task_id,
             step=step,

@@ -19,6 +19,7 @@ from .models import Effect, Event, EventKind, Step, Task
 
 log = logging.getLogger("loop.journal")
 _listeners: list[Callable[[], None]] = []
+_COLUMNS = ("kind", "task", "step", "effect", "actor", "data", "created_at")
 
 
 def on_event(listener: Callable[[], None]) -> None:
@@ -38,30 +39,30 @@ def record(
     kind: EventKind | str,
     *,
     task: Task | int | None = None,
-    step: Step | None = None,
+    step: Step | int | None = None,
     effect: Effect | None = None,
     actor: str = "",
     **data: Any,
-) -> Event:
-    """Append one event. Call inside `transaction.atomic()` with the change it records."""
+) -> int:
+    """Append one event; its id. Call inside `transaction.atomic()` with the change it records."""
     if not connection.in_atomic_block:
         raise RuntimeError(f"journal.record({kind}) outside a transaction")
     task_id = task.pk if isinstance(task, Task) else task
-    if task_id is None and step is not None:
+    if task_id is None and isinstance(step, Step):
         task_id = step.task_id
-    now = timezone.now()
-    row: dict[str, Any] = {"kind": kind, "task": task_id, "step": step, "effect": effect}
-    row.update(actor=actor, data=data, created_at=now)
-    event = Event(
-        id=rows.insert(Event, row),
-        kind=kind,
-        task_id=task_id,
-        step=step,
-        effect=effect,
-        actor=actor,
-        data=data,
-        created_at=now,
-    )
+    ops = connection.ops
+    params = [
+        str(kind),
+        task_id,
+        step.pk if isinstance(step, Step) else step,
+        effect.pk if effect is not None else None,
+        actor,
+        ops.adapt_json_value(data, None),  # what Event.data (a JSONField) would store
+        ops.adapt_datetimefield_value(timezone.now()),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(rows.insert_sql(Event, _COLUMNS), params)
+        event_id = int(cursor.fetchone()[0])
     if _listeners:
         transaction.on_commit(_wake)
-    return event
+    return event_id

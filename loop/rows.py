@@ -94,29 +94,34 @@ def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
 
 
 @cache
-def _update(model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]) -> str:
+def _update(
+    model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]
+) -> tuple[str, list[Field[Any, Any]]]:
+    """The statement, and the fields of its parameters in order."""
     sets = ", ".join(f"{_q(_field(model, n).column)} = %s" for n in names)
     conds = " AND ".join(
         f"{_q(_field(model, n).column)} IS NULL" if null else f"{_q(_field(model, n).column)} = %s"
         for n, null in where
     )
-    return f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}"  # noqa: S608
+    fields = [_field(model, n) for n in names]
+    fields += [_field(model, n) for n, null in where if not null]
+    return f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}", fields  # noqa: S608
 
 
 def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
     """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count."""
     conn = connections["default"]
-    names = tuple(changes)
-    conds = tuple((name, where[name] is None) for name in where)
-    params = [_prep(_field(model, n), changes[n], conn) for n in names]
-    params += [_prep(_field(model, n), v, conn) for n, v in where.items() if v is not None]
+    conds = tuple((name, value is None) for name, value in where.items())
+    sql, fields = _update(model, tuple(changes), conds)
+    values = [*changes.values(), *(v for v in where.values() if v is not None)]
+    params = [_prep(field, value, conn) for field, value in zip(fields, values, strict=True)]
     with connection.cursor() as cursor:
-        cursor.execute(_update(model, names, conds), params)
+        cursor.execute(sql, params)
         return cursor.rowcount
 
 
 @cache
-def _insert(model: type[Model], names: tuple[str, ...]) -> str:
+def insert_sql(model: type[Model], names: tuple[str, ...]) -> str:
     columns = ", ".join(_q(_field(model, n).column) for n in names)
     marks = ", ".join("%s" for _ in names)
     pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
@@ -129,5 +134,16 @@ def insert(model: type[Model], values: dict[str, Any]) -> Any:
     names = tuple(values)
     params = [_prep(_field(model, n), values[n], conn) for n in names]
     with connection.cursor() as cursor:
-        cursor.execute(_insert(model, names), params)
+        cursor.execute(insert_sql(model, names), params)
         return cursor.fetchone()[0]
+
+
+def create(model: type[M], **values: Any) -> M:
+    """A new row from these values and the model's defaults, as `objects.create` would
+    write it (for models without auto_now fields or save() overrides)."""
+    obj = model(**values)
+    row = {f.name: getattr(obj, f.attname) for f in model._meta.concrete_fields}
+    obj.pk = insert(model, row)
+    obj._state.adding = False
+    obj._state.db = connection.alias
+    return obj

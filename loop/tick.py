@@ -80,8 +80,9 @@ class StepLifecycle:
             actions.follow(task, actor=self.actor)
             lease.release(task)
             return None
-        # A read-only step never has effects: the judge refuses side-effect tools for it.
-        step_effects = list(step.effects.all()) if step.side_effect else []
+        # A read-only step never has effects (the judge refuses side-effect tools for it),
+        # nor does a step that never started.
+        step_effects = list(step.effects.all()) if step.side_effect and step.attempts else []
         now = timezone.now()
         for effect in step_effects:
             if effect.state == EffectState.RUNNING and not _live(effect, now):

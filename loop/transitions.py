@@ -84,7 +84,7 @@ def move_effect(
     journal.record(
         EventKind.EFFECT_STATE,
         task=effect.task_id,
-        step=effect.step,
+        step=effect.step_id,
         effect=effect,
         actor=actor,
         old=old,
