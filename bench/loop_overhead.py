@@ -6,8 +6,9 @@ the plain `sqlite3` module) on the same disk in the same run, and their ratio.
 
 One `runloop` drains a batch of tasks per round; each round's steps/s comes from the journal
 (first `step_started` to last `step_done`, so start-up and idle polls are not counted) and is
-set against raw rates measured just before and after it. Every step's start is its own
-durable commit before the step runs (together with its predecessor's verdict).
+set against raw rates measured just before and after it. Every step's start is durable before
+the step runs: the worker moves a batch of tasks (`LOOP_BATCH`, default 8) a step each per
+commit, and each commit holds the batch's verdicts and the starts of their next steps.
 """
 
 from __future__ import annotations

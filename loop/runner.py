@@ -1,11 +1,11 @@
 """The worker (DESIGN.md §4, §8, §11): registers after boot reconciliation, ticks, heartbeats
 and renews the live step's lease, parks on low disk, drains on the first signal.
 
-tick = claim + guard + start  (one commit)
-     → judge (effects commit on their own)
-     → verdict, fenced on the lease epoch (one commit, which also starts the next step)
+tick = claim + guard + start, for a batch of tasks  (one commit)
+     → judge each step (effects commit on their own)
+     → the verdicts, each fenced on its lease epoch (one commit, which also starts next steps)
 
-The transactions of a step's life are in `loop/tick.py`.
+The transactions of a step's life, and the batch's rules, are in `loop/tick.py`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from django.utils import timezone
 from . import effects, journal, lease
 from .boot import proc_start_time, reconcile
 from .health import low_disk_reason
+from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import (
     EventKind,
@@ -33,21 +34,22 @@ from .models import (
     Worker,
     WorkerState,
 )
-from .tick import Late, NeedsProbe, Started, StepLifecycle
+from .tick import Begun, NeedsProbe, Started, StepLifecycle
 
 log = logging.getLogger("loop.runner")
 
 
 class Runner(StepLifecycle):
-    def __init__(self, *, label: str = "", once: bool = False) -> None:
+    def __init__(self, *, label: str = "", once: bool = False, batch: int | None = None) -> None:
         self.label = label
         self.once = once
+        self.batch_size = 1 if once else (batch or settings.LOOP_BATCH)
         self.worker: Worker | None = None
         self.stopping = False
         self.parked_reason = ""
         self.unrecorded_error = ""
-        self.current: Started | None = None
-        self.current_since = 0.0
+        self.in_flight: list[Started] = []  # the batch's steps, whose leases the beat renews
+        self.in_flight_since = 0.0
         self.in_hand = ""  # the task and step being claimed or started, for error messages
         self._found_work = False
         self._claimed_at = 0.0  # when this tick claimed its task: chaining stops after a while
@@ -112,7 +114,7 @@ class Runner(StepLifecycle):
             if self.stopping:
                 log.warning("second signal: exiting now")
                 raise SystemExit(1)
-            log.info("signal %s: finishing the step in flight, then stopping", signum)
+            log.info("signal %s: finishing the steps in flight, then stopping", signum)
             self.stopping = True
 
         signal.signal(signal.SIGTERM, handle)
@@ -139,7 +141,7 @@ class Runner(StepLifecycle):
     def beat(self) -> None:
         assert self.worker is not None
         with self._lock:
-            current, since = self.current, self.current_since
+            flying, since = list(self.in_flight), self.in_flight_since
         try:
             fields: dict[str, object] = {"last_seen": timezone.now()}
             error = self.unrecorded_error
@@ -148,50 +150,44 @@ class Runner(StepLifecycle):
             Worker.objects.filter(pk=self.worker.pk).update(**fields)
             if error and self.unrecorded_error == error:
                 self.unrecorded_error = ""  # recorded; a newer one waits for the next beat
-            if current and time.monotonic() - since < settings.LOOP_STEP_TIMEOUT:
-                renewed = lease.renew(current.task_id, self.worker.pk, current.epoch)
+            for started in flying if time.monotonic() - since < settings.LOOP_STEP_TIMEOUT else []:
+                renewed = lease.renew(started.task_id, self.worker.pk, started.epoch)
                 with self._lock:
-                    still_running = self.current is current  # not just committed and released
+                    # not just committed and released
+                    still_running = any(s is started for s in self.in_flight)
                 if not renewed and still_running:
-                    log.warning("task %s: lease moved on while its step ran", current.task_id)
+                    log.warning("task %s: lease moved on while its step ran", started.task_id)
         except DatabaseError as exc:
             log.error("heartbeat write failed: %s", exc)
 
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self) -> bool:
-        """One pass: claim a task, run its first open step, commit the verdict. While the
-        verdict is `done` and the task runs on, the same commit starts its next step under
-        the same lease, so a task's steps follow each other without a fresh claim. True if
-        it found work."""
+        """One pass: claim a batch of tasks and start each one's first open step in one
+        commit, run the steps, commit their verdicts in one commit. While a verdict is `done`
+        and its task runs on, that commit starts the task's next step under the same lease,
+        so the batch moves on without fresh claims. True if it found work."""
         if not self._space_ok():
             return False
-        started = None
+        batch: list[Started] = []
         try:
             # A cheap read first, so an idle worker does not take the write lock every poll.
             if not self._found_work and not Task.objects.running().filter(lease_free_q()).exists():
                 return False
             with transaction.atomic():
-                claimed = lease.claim(self.worker_id)
-                if claimed is None:
-                    self._found_work = False
-                    return False
-                begun = self._begin(*claimed)
-            self._found_work = True
-            while begun is not None:
-                if isinstance(begun, NeedsProbe):
-                    begun = self._probe_then_begin(begun)
-                    continue
-                started = begun
+                begun = self._claim_batch()
+            self._found_work = bool(begun)
+            if not begun:
+                return False
+            batch = self._probed(begun)
+            while batch:
                 with self._lock:
-                    self.current, self.current_since = started, time.monotonic()
-                holder = effects.Holder(self.worker_id, started.epoch, self.actor)
-                verdict = tool_judge.run(started.step, holder)
-                after = self._commit(started, verdict, chain=not self.once)
-                begun = None if isinstance(after, Late) else after
+                    self.in_flight, self.in_flight_since = batch, time.monotonic()
+                verdicts, waiting = self._judge(batch)
+                batch = waiting + self._probed(self._commit_batch(verdicts, waiting))
             return True
         except DatabaseError as exc:
-            self._write_failed(exc, started)
+            self._write_failed(exc, batch)
             raise
         except lease.LeaseLost as exc:
             log.warning("%s", exc)
@@ -199,7 +195,36 @@ class Runner(StepLifecycle):
         finally:
             self.in_hand = ""
             with self._lock:
-                self.current = None
+                self.in_flight = []
+
+    def _probed(self, begun: list[Begun]) -> list[Started]:
+        """The batch's steps to run: any step that needs the world looked at first is probed
+        (after the commit that claimed it) and begun again."""
+        batch = []
+        for one in begun:
+            if isinstance(one, NeedsProbe):
+                self.in_hand = f"task {one.task_id}"
+                again = self._probe_then_begin(one)
+                if again is not None:
+                    batch.append(again)
+            else:
+                batch.append(one)
+        return batch
+
+    def _judge(self, batch: list[Started]) -> tuple[list[tuple[Started, Verdict]], list[Started]]:
+        """Each step through the judge, the side-effect step (at most one) last; the verdicts,
+        and the steps not yet run. After `LOOP_CHAIN_SECONDS` the verdicts so far go to be
+        committed before the rest run, so a slow step keeps no finished one waiting long."""
+        ordered = sorted(batch, key=lambda s: s.step.side_effect)
+        began = time.monotonic()
+        verdicts: list[tuple[Started, Verdict]] = []
+        for n, started in enumerate(ordered):
+            if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
+                return verdicts, ordered[n:]
+            self.in_hand = f"task {started.task_id} step '{started.step.key}'"
+            holder = effects.Holder(self.worker_id, started.epoch, self.actor)
+            verdicts.append((started, tool_judge.run(started.step, holder)))
+        return verdicts, []
 
     @property
     def worker_id(self) -> int:
@@ -228,11 +253,11 @@ class Runner(StepLifecycle):
         except DatabaseError as exc:
             log.error("could not record parking of %s: %s", self.worker, exc)
 
-    def _write_failed(self, exc: DatabaseError, started: Started | None) -> None:
-        if started:
-            where = f"task {started.task_id} step '{started.step.key}'"
-        else:
-            where = self.in_hand or "claiming a task"
+    def _write_failed(self, exc: DatabaseError, batch: list[Started]) -> None:
+        where = self.in_hand or "claiming a task"
+        flying = [f"task {s.task_id} step '{s.step.key}'" for s in batch]
+        if len(flying) > 1:
+            where = f"{where} (in flight: {', '.join(flying)})"
         message = f"write failed in {where}: {type(exc).__name__}: {exc}"
         log.error(message)
         self.unrecorded_error = message

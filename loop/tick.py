@@ -1,6 +1,17 @@
 """A step's life inside a tick (DESIGN.md §4, §5): guard and start it in the claim's commit,
 commit its verdict fenced on the lease epoch, and while the verdict is `done` start the task's
-next step in that same commit. Mixed into the Runner, which owns the worker's life cycle."""
+next step in that same commit. Mixed into the Runner, which owns the worker's life cycle.
+
+A tick moves a batch of up to `LOOP_BATCH` tasks a step each, so one commit serves them all:
+
+    claim + guard + start, for each task      (one commit: every start durable before it runs)
+    → judge each step                         (its effects commit on their own)
+    → each verdict fenced on its lease epoch, and each next start   (one commit)
+
+Read-only steps share a batch freely; at most one side-effect step is ever in a batch, and it
+runs last, so a crash leaves at most one effect's step to settle by §5. Read-only steps cut
+by a crash simply run again.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +47,13 @@ class Late:
 LATE = Late()
 
 
+class Deferred:
+    """A side-effect step not started because the batch already holds one; lease let go."""
+
+
+DEFERRED = Deferred()
+
+
 @dataclass
 class NeedsProbe:
     task_id: int
@@ -43,10 +61,15 @@ class NeedsProbe:
     effects: list[Effect]
 
 
+Begun = Started | NeedsProbe
+
+
 class StepLifecycle:
     """The tick's transactions. Expects the worker's `actor`, `worker_id`, `stopping`."""
 
     stopping: bool
+    once: bool
+    batch_size: int
     in_hand: str
     _claimed_at: float
 
@@ -58,13 +81,56 @@ class StepLifecycle:
     def worker_id(self) -> int:
         raise NotImplementedError
 
+    def _claim_batch(self) -> list[Begun]:
+        """Inside one transaction: claim up to `batch_size` tasks and begin each. Stops early
+        when no task is free, or once a side-effect step is in the batch."""
+        self._claimed_at = time.monotonic()
+        batch: list[Begun] = []
+        while len(batch) < self.batch_size and not _holds_effects(batch):
+            self.in_hand = ""  # a failure here is in "claiming a task"
+            claimed = lease.claim(self.worker_id)
+            if claimed is None:
+                break
+            begun = self._begin(*claimed)
+            if isinstance(begun, Started | NeedsProbe):
+                batch.append(begun)
+        self.in_hand = _named(batch)  # what its COMMIT would start
+        return batch
+
+    def _commit_batch(
+        self, verdicts: list[tuple[Started, Verdict]], waiting: list[Started]
+    ) -> list[Begun]:
+        """These verdicts, each fenced, in one transaction; with each `done` the start of that
+        task's next step, unless it has side effects and the batch (with the steps still
+        `waiting` to run) already holds one."""
+        batch: list[Begun] = []
+        with transaction.atomic():
+            for started, verdict in verdicts:
+                self.in_hand = f"task {started.task_id} step '{started.step.key}'"
+                effectful = _holds_effects([*waiting, *batch])
+                begun = self._verdict(
+                    started, verdict, chain=not self.once, side_effects=not effectful
+                )
+                if isinstance(begun, Started | NeedsProbe):
+                    batch.append(begun)
+            self.in_hand = _named([started for started, _ in verdicts])
+        return batch
+
     def _begin(
-        self, task_id: int, epoch: int, probed: bool = False, task: Task | None = None
-    ) -> Started | NeedsProbe | None:
+        self,
+        task_id: int,
+        epoch: int,
+        probed: bool = False,
+        task: Task | None = None,
+        *,
+        side_effects: bool = True,
+    ) -> Started | NeedsProbe | Deferred | None:
         """Inside the claim's (or the previous verdict's) transaction: guard the first open
         step and start it, or record why not (a question, the attempt cap, a wait) and let
-        the lease go. `task` is the row if the caller already read it in this transaction."""
-        if task is None:  # a fresh claim (not a chained start)
+        the lease go. `task` is the row if the caller already read it in this transaction.
+        Without `side_effects`, a side-effect step is left for a later tick."""
+        fresh = task is None  # a fresh claim (not a chained start)
+        if task is None:
             self._claimed_at = time.monotonic()
             task = rows.load(Task, "id = %s", [task_id])
             assert task is not None
@@ -75,11 +141,15 @@ class StepLifecycle:
             [task.pk, StepState.DONE, StepState.FAILED],
             order="position",
         )
-        self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
+        if fresh:  # a chained start's failure is in its predecessor's verdict commit
+            self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             lease.release(task)
             return None
+        if step.side_effect and not side_effects:
+            lease.release(task)
+            return DEFERRED
         # A read-only step never has effects (the judge refuses side-effect tools for it),
         # nor does a step that never started.
         step_effects = list(step.effects.all()) if step.side_effect and step.attempts else []
@@ -137,7 +207,7 @@ class StepLifecycle:
         with transaction.atomic():
             lease.fenced(need.task_id, self.worker_id, need.epoch)
             begun = self._begin(need.task_id, need.epoch, probed=True)
-        assert not isinstance(begun, NeedsProbe)
+        assert begun is None or isinstance(begun, Started)
         return begun
 
     def _start(self, step: Step, decision: guard.Decision) -> None:
@@ -202,28 +272,35 @@ class StepLifecycle:
         transaction (what the next tick would do, minus a claim and a commit), while the
         verdict was `done`, the task is still running and this worker may take work."""
         with transaction.atomic():
-            try:
-                task = lease.fenced(started.task_id, self.worker_id, started.epoch)
-            except lease.LeaseLost as exc:
-                journal.record(
-                    EventKind.LATE_RESULT,
-                    step=started.step,
-                    actor=self.actor,
-                    verdict=verdict.kind,
-                    reason=str(exc),
-                )
-                log.warning("late verdict for %s refused: %s", started.step, exc)
-                return LATE
-            # The row as our start wrote it: only this lease holder changes a running step,
-            # and every transition compares the state it expects.
-            step = started.step
-            if chain and self._may_continue(task, verdict):
-                # The next step's guard and start decide the task's fate: follow() would see
-                # a running task whose first open step is not blocked, and change nothing.
-                self._apply(task, step, verdict, follow=False)
-                return self._begin(task.pk, started.epoch, task=task)
-            self._apply(task, step, verdict)
-            lease.release(task)
+            begun = self._verdict(started, verdict, chain=chain)
+        return None if isinstance(begun, Deferred) else begun
+
+    def _verdict(
+        self, started: Started, verdict: Verdict, *, chain: bool, side_effects: bool = True
+    ) -> Started | NeedsProbe | Deferred | None | Late:
+        """`_commit`'s body, inside the caller's transaction."""
+        try:
+            task = lease.fenced(started.task_id, self.worker_id, started.epoch)
+        except lease.LeaseLost as exc:
+            journal.record(
+                EventKind.LATE_RESULT,
+                step=started.step,
+                actor=self.actor,
+                verdict=verdict.kind,
+                reason=str(exc),
+            )
+            log.warning("late verdict for %s refused: %s", started.step, exc)
+            return LATE
+        # The row as our start wrote it: only this lease holder changes a running step,
+        # and every transition compares the state it expects.
+        step = started.step
+        if chain and self._may_continue(task, verdict):
+            # The next step's guard and start decide the task's fate: follow() would see
+            # a running task whose first open step is not blocked, and change nothing.
+            self._apply(task, step, verdict, follow=False)
+            return self._begin(task.pk, started.epoch, task=task, side_effects=side_effects)
+        self._apply(task, step, verdict)
+        lease.release(task)
         return None
 
     def _may_continue(self, task: Task, verdict: Verdict) -> bool:
@@ -273,6 +350,18 @@ class StepLifecycle:
                 error = f"gave up after {step.attempts} attempts: {error}"
             self._fail(step, error)
             actions.after_step_failed(task, actor=self.actor)
+
+
+def _named(batch: list[Begun]) -> str:
+    return ", ".join(
+        f"task {b.task_id} step '{b.step.key}'" if isinstance(b, Started) else f"task {b.task_id}"
+        for b in batch
+    )
+
+
+def _holds_effects(batch: list[Begun]) -> bool:
+    """Whether a side-effect step is in the batch (a step to probe is one)."""
+    return any(isinstance(b, NeedsProbe) or b.step.side_effect for b in batch)
 
 
 def _live(effect: Effect, now: datetime) -> bool:

@@ -24,7 +24,7 @@ def start_one(worker: Runner) -> Started:
         assert claimed is not None
         started = worker._begin(*claimed)
     assert isinstance(started, Started)
-    worker.current, worker.current_since = started, time.monotonic()
+    worker.in_flight, worker.in_flight_since = [started], time.monotonic()
     return started
 
 
@@ -51,7 +51,7 @@ def test_a_step_that_committed_during_the_beat_is_no_lost_lease(
     start_one(worker)
 
     def renew_after_the_commit(*args: object, **kwargs: object) -> bool:
-        worker.current = None  # the tick committed the verdict and released the lease
+        worker.in_flight = []  # the tick committed the verdict and released the lease
         return False
 
     monkeypatch.setattr(lease, "renew", renew_after_the_commit)

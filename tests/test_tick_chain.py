@@ -78,8 +78,10 @@ def test_a_retry_verdict_lets_the_lease_go(worker: Runner) -> None:
     assert task.lease_owner is None and task.run_after is not None
 
 
-def test_a_long_task_lets_others_have_a_turn(worker: Runner, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_long_task_lets_others_have_a_turn(db: None, settings) -> None:  # type: ignore[no-untyped-def]
     settings.LOOP_CHAIN_SECONDS = 0  # no chaining past the first step of a claim
+    worker = Runner(label="one at a time", batch=1)
+    worker.boot()
     long = make_task(*(step(f"l{i}") for i in range(4)), title="long")
     short = make_task(step("s"), title="short")
     worker.tick()  # long's first step; the lease goes back

@@ -1,4 +1,5 @@
-"""Test tools: `test.record` writes every execution to a file; `test.flaky` fails transiently.
+"""Test tools: `test.record` writes every execution to a file; `test.flaky` fails transiently;
+`test.seen` and `test.seen_effect` report what another connection sees while they run.
 
 Each record is one line, appended with a single O_APPEND write so processes killed at any moment
 leave whole lines:
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from django.db import connections
 
 from loop.tools import Arg, Call, ToolError, current_call, tool
 
@@ -71,6 +74,36 @@ def flaky(args: dict[str, Any]) -> dict[str, Any]:
     if call.attempt <= args["fail_first"]:
         raise Flaky(f"attempt {call.attempt} of {call.step_key} failed on purpose")
     return {"attempt": call.attempt}
+
+
+def _seen() -> dict[str, Any]:
+    """The committed truth while this step runs, read on a connection of its own: this
+    step's state, and which steps are running."""
+    call = _call()
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT state FROM loop_step WHERE id = %s", [call.step_id])
+            (state,) = cursor.fetchone()
+            cursor.execute("SELECT key, side_effect FROM loop_step WHERE state = 'running'")
+            running = cursor.fetchall()
+    finally:
+        other.close()
+    return {
+        "state": state,
+        "running": sorted(key for key, _ in running),
+        "running_side_effect": sorted(key for key, effectful in running if effectful),
+    }
+
+
+@tool("test.seen", args={})
+def seen(args: dict[str, Any]) -> dict[str, Any]:
+    return _seen()
+
+
+@tool("test.seen_effect", args={}, side_effect=True)
+def seen_effect(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    return _seen()
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,22 @@ def label(value: str) -> str:
     return value
 
 
+def batch(value: str) -> int:
+    size = int(value)
+    if not 1 <= size <= 256:
+        raise ValueError("a batch is 1 to 256 tasks")
+    return size
+
+
 class Command(BaseCommand):
     help = "Run the loop: boot reconciliation, then claim and run steps until signalled."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="reconcile, at most one tick, exit")
         parser.add_argument("--worker-id", type=label, default=None, help="a label for this worker")
+        parser.add_argument(
+            "--batch", type=batch, default=None, help="tasks moved per commit (LOOP_BATCH)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        Runner(label=options["worker_id"] or "", once=options["once"]).run()
+        Runner(label=options["worker_id"] or "", once=options["once"], batch=options["batch"]).run()

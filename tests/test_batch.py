@@ -1,0 +1,86 @@
+"""A tick moves a batch of tasks a step each per commit (DESIGN.md §4): every step's start is
+committed before it runs, and at most one side-effect step is ever in flight, so a crash
+leaves at most one effect's step to settle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from loop.models import Event, Step
+from loop.runner import Runner
+
+from .conftest import make_task, run_until_idle, step
+
+# Real commits, so another connection sees only what is durable.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per COMMIT on the worker's connection."""
+    counted: list[int] = []
+    wrapper = connections["default"]
+    real = wrapper.commit
+
+    def commit() -> None:
+        counted.append(1)
+        real()
+
+    monkeypatch.setattr(wrapper, "commit", commit)
+    return counted
+
+
+def seen(key: str) -> dict[str, Any]:
+    return step(key, "test.seen", args={})
+
+
+def test_three_tasks_move_a_step_each_per_commit(worker: Runner, commits: list[int]) -> None:
+    tasks = [make_task(seen(f"t{n}a"), seen(f"t{n}b"), title=f"t{n}") for n in range(3)]
+    commits.clear()
+    assert worker.tick() is True
+    # The claim commit starts the three first steps; one verdict commit finishes them and
+    # starts the three second steps; the last finishes those.
+    assert len(commits) == 3
+    for task in tasks:
+        task.refresh_from_db()
+        assert task.state == "done" and task.lease_owner is None
+    for done in Step.objects.all():
+        # While it ran, another connection saw it running: its start was durable.
+        assert done.output["state"] == "running"
+        assert len(done.output["running"]) == 3  # the whole batch was in flight
+    kinds = [e.kind for e in Event.objects.filter(kind__in=["step_started", "step_done"])]
+    assert kinds == ["step_started"] * 3 + ["step_done", "step_started"] * 3 + ["step_done"] * 3
+
+
+def test_a_batch_holds_at_most_one_side_effect_step_and_runs_it_last(worker: Runner) -> None:
+    for n in range(3):
+        make_task(seen(f"r{n}"), step(f"e{n}", "test.seen_effect", args={}), title=f"t{n}")
+    make_task(step("e-first", "test.seen_effect", args={}), title="effect first")
+    run_until_idle(worker)
+    assert set(Step.objects.values_list("state", flat=True)) == {"done"}
+    for effectful in Step.objects.filter(side_effect=True):
+        assert effectful.output["running_side_effect"] == [effectful.key]
+    for plain in Step.objects.filter(side_effect=False):
+        assert len(plain.output["running_side_effect"]) <= 1
+
+
+def test_a_batch_of_one_runs_one_step_at_a_time(db: None) -> None:
+    worker = Runner(label="single", batch=1)
+    worker.boot()
+    for n in range(3):
+        make_task(seen(f"s{n}"), title=f"t{n}")
+    run_until_idle(worker)
+    assert all(len(s.output["running"]) == 1 for s in Step.objects.all())
+
+
+def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Runner, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOP_CHAIN_SECONDS = 0.2
+    make_task(step("slow", "sleep", args={"seconds": 0.5}), title="slow")  # claimed first
+    make_task(seen("quick"), title="quick")
+    run_until_idle(worker)
+    # The slow step's verdict was committed before the quick one ran, not held for the batch.
+    assert Step.objects.get(key="quick").output["running"] == ["quick"]
+    assert Step.objects.get(key="slow").state == "done"
