@@ -1,14 +1,18 @@
 """The journal: one writer for events.
 
 `record()` appends an event inside the caller's transaction (it refuses to run outside one),
-so a change and its event commit together or not at all. After the commit, in-process
-listeners (the live tailer) are woken; other processes find the event by polling its id.
+so a change and its event commit together or not at all. Inside `batched()` (the worker's
+batch commits) the events wait and are written together, in order, by one statement at the
+end of the block, still inside its transaction. After the commit, in-process listeners (the
+live tailer) are woken; other processes find the event by polling its id.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection, transaction
@@ -20,6 +24,7 @@ from .models import Effect, Event, EventKind, Step, Task
 log = logging.getLogger("loop.journal")
 _listeners: list[Callable[[], None]] = []
 _COLUMNS = ("kind", "task", "step", "effect", "actor", "data", "created_at")
+_held = threading.local()  # the rows of the current `batched()` block, per thread
 
 
 def on_event(listener: Callable[[], None]) -> None:
@@ -43,15 +48,15 @@ def record(
     effect: Effect | None = None,
     actor: str = "",
     **data: Any,
-) -> int:
-    """Append one event; its id. Call inside `transaction.atomic()` with the change it records."""
+) -> None:
+    """Append one event. Call inside `transaction.atomic()` with the change it records."""
     if not connection.in_atomic_block:
         raise RuntimeError(f"journal.record({kind}) outside a transaction")
     task_id = task.pk if isinstance(task, Task) else task
     if task_id is None and isinstance(step, Step):
         task_id = step.task_id
     ops = connection.ops
-    params = [
+    row = [
         str(kind),
         task_id,
         step.pk if isinstance(step, Step) else step,
@@ -60,9 +65,32 @@ def record(
         ops.adapt_json_value(data, None),  # what Event.data (a JSONField) would store
         ops.adapt_datetimefield_value(timezone.now()),
     ]
+    held: list[list[Any]] | None = getattr(_held, "rows", None)
+    if held is not None:
+        held.append(row)
+    else:
+        _write([row])
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Inside a transaction: the events recorded in this block are written at its end, in
+    order, with one statement. If the block raises, they are dropped with its transaction."""
+    if getattr(_held, "rows", None) is not None:
+        yield  # already inside a batch: its end writes these too
+        return
+    held: list[list[Any]] = []
+    _held.rows = held
+    try:
+        yield
+    finally:
+        _held.rows = None
+    if held:
+        _write(held)
+
+
+def _write(held: list[list[Any]]) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(rows.insert_sql(Event, _COLUMNS), params)
-        event_id = int(cursor.fetchone()[0])
+        cursor.executemany(rows.insert_sql(Event, _COLUMNS, returning=False), held)
     if _listeners:
         transaction.on_commit(_wake)
-    return event_id

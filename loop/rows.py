@@ -25,12 +25,12 @@ def _q(name: str) -> str:
 
 
 @cache
-def _select(model: type[Model], where: str, order: str, for_update: bool) -> str:
+def _select(model: type[Model], where: str, order: str, for_update: bool, limit: str) -> str:
     meta = model._meta
     columns = ", ".join(_q(f.column) for f in meta.concrete_fields)
     lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
     tail = f" ORDER BY {order}" if order else ""
-    return f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {where}{tail} LIMIT 1{lock}"  # noqa: S608
+    return f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {where}{tail}{limit}{lock}"  # noqa: S608
 
 
 @cache
@@ -55,10 +55,26 @@ def load(
 ) -> M | None:
     """The first row matching `where` (SQL over column names, %s placeholders), or None."""
     with connection.cursor() as cursor:
-        cursor.execute(_select(model, where, order, for_update), list(params))
+        cursor.execute(_select(model, where, order, for_update, " LIMIT 1"), list(params))
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else _instance(model, row)
+
+
+def load_all(
+    model: type[M],
+    where: str,
+    params: Sequence[Any],
+    *,
+    order: str = "",
+    for_update: bool = False,
+) -> list[M]:
+    """Every row matching `where`, in `order`."""
+    with connection.cursor() as cursor:
+        cursor.execute(_select(model, where, order, for_update, ""), list(params))
+        return [_instance(model, row) for row in cursor.fetchall()]
+
+
+def _instance(model: type[M], row: Sequence[Any]) -> M:
     values = []
     for value, (col, converters) in zip(row, _converters(model), strict=True):
         for convert in converters:
@@ -121,11 +137,12 @@ def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -
 
 
 @cache
-def insert_sql(model: type[Model], names: tuple[str, ...]) -> str:
+def insert_sql(model: type[Model], names: tuple[str, ...], *, returning: bool = True) -> str:
     columns = ", ".join(_q(_field(model, n).column) for n in names)
     marks = ", ".join("%s" for _ in names)
     pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
-    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}"  # noqa: S608
+    tail = f" RETURNING {pk}" if returning else ""
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}){tail}"  # noqa: S608
 
 
 def insert(model: type[Model], values: dict[str, Any]) -> Any:

@@ -86,15 +86,16 @@ class StepLifecycle:
         when no task is free, or once a side-effect step is in the batch."""
         self._claimed_at = time.monotonic()
         batch: list[Begun] = []
-        while len(batch) < self.batch_size and not _holds_effects(batch):
-            self.in_hand = ""  # a failure here is in "claiming a task"
-            claimed = lease.claim(self.worker_id)
-            if claimed is None:
-                break
-            begun = self._begin(*claimed)
-            if isinstance(begun, Started | NeedsProbe):
-                batch.append(begun)
-        self.in_hand = _named(batch)  # what its COMMIT would start
+        with journal.batched():
+            while len(batch) < self.batch_size and not _holds_effects(batch):
+                self.in_hand = ""  # a failure here is in "claiming a task"
+                claimed = lease.claim(self.worker_id)
+                if claimed is None:
+                    break
+                begun = self._begin(*claimed)
+                if isinstance(begun, Started | NeedsProbe):
+                    batch.append(begun)
+            self.in_hand = _named(batch)  # what the rest of its transaction would start
         return batch
 
     def _commit_batch(
@@ -104,12 +105,19 @@ class StepLifecycle:
         task's next step, unless it has side effects and the batch (with the steps still
         `waiting` to run) already holds one."""
         batch: list[Begun] = []
-        with transaction.atomic():
+        room = not low_disk_reason()
+        with transaction.atomic(), journal.batched():
+            self.in_hand = _named([started for started, _ in verdicts])
+            fences = lease.fenced_all(self.worker_id, [(s.task_id, s.epoch) for s, _ in verdicts])
             for started, verdict in verdicts:
                 self.in_hand = f"task {started.task_id} step '{started.step.key}'"
                 effectful = _holds_effects([*waiting, *batch])
                 begun = self._verdict(
-                    started, verdict, chain=not self.once, side_effects=not effectful
+                    started,
+                    verdict,
+                    fences[started.task_id],
+                    chain=not self.once and room,
+                    side_effects=not effectful,
                 )
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
@@ -271,17 +279,32 @@ class StepLifecycle:
         """`commit`, and with `chain` the start of the task's next step in the same
         transaction (what the next tick would do, minus a claim and a commit), while the
         verdict was `done`, the task is still running and this worker may take work."""
+        chain = chain and not low_disk_reason()
         with transaction.atomic():
-            begun = self._verdict(started, verdict, chain=chain)
+            fence: Task | lease.LeaseLost
+            try:
+                fence = lease.fenced(started.task_id, self.worker_id, started.epoch)
+            except lease.LeaseLost as exc:
+                fence = exc
+            begun = self._verdict(started, verdict, fence, chain=chain)
         return None if isinstance(begun, Deferred) else begun
 
     def _verdict(
-        self, started: Started, verdict: Verdict, *, chain: bool, side_effects: bool = True
+        self,
+        started: Started,
+        verdict: Verdict,
+        fence: Task | lease.LeaseLost,
+        *,
+        chain: bool,
+        side_effects: bool = True,
     ) -> Started | NeedsProbe | Deferred | None | Late:
-        """`_commit`'s body, inside the caller's transaction."""
-        try:
-            task = lease.fenced(started.task_id, self.worker_id, started.epoch)
-        except lease.LeaseLost as exc:
+        """`_commit`'s body, inside the caller's transaction, given the task as fenced (locked)
+        there, or why this worker no longer holds it. `chain` only if the disk has room."""
+        if isinstance(fence, lease.TaskGone):
+            log.warning("verdict for %s dropped: %s", started.step, fence)
+            return LATE
+        if isinstance(fence, lease.LeaseLost):
+            exc = fence
             journal.record(
                 EventKind.LATE_RESULT,
                 step=started.step,
@@ -291,6 +314,7 @@ class StepLifecycle:
             )
             log.warning("late verdict for %s refused: %s", started.step, exc)
             return LATE
+        task = fence
         # The row as our start wrote it: only this lease holder changes a running step,
         # and every transition compares the state it expects.
         step = started.step
@@ -310,7 +334,6 @@ class StepLifecycle:
             and not self.stopping
             # Let other tasks have a turn: the next claim takes the least-claimed task first.
             and time.monotonic() - self._claimed_at < settings.LOOP_CHAIN_SECONDS
-            and not low_disk_reason()
         )
 
     def _apply(self, task: Task, step: Step, verdict: Verdict, *, follow: bool = True) -> None:

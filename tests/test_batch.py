@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
+from django.db.models import F
 
-from loop.models import Event, Step
+from loop.judges import Verdict
+from loop.models import Event, Step, Task
 from loop.runner import Runner
+from loop.tick import Started
 
 from .conftest import make_task, run_until_idle, step
 
@@ -84,3 +87,18 @@ def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Runner, se
     # The slow step's verdict was committed before the quick one ran, not held for the batch.
     assert Step.objects.get(key="quick").output["running"] == ["quick"]
     assert Step.objects.get(key="slow").state == "done"
+
+
+def test_in_a_batch_only_the_verdict_whose_lease_moved_on_is_refused(worker: Runner) -> None:
+    make_task(seen("a"), title="a")
+    b = make_task(seen("b"), title="b")
+    with transaction.atomic():
+        begun = worker._claim_batch()
+    assert [s.step.key for s in begun if isinstance(s, Started)] == ["a", "b"]
+    Task.objects.filter(pk=b.pk).update(lease_epoch=F("lease_epoch") + 1)  # another took b
+    verdicts = [(s, Verdict.done({"ok": True})) for s in begun if isinstance(s, Started)]
+    assert worker._commit_batch(verdicts, []) == []
+    assert Step.objects.get(key="a").state == "done"
+    assert Step.objects.get(key="b").state == "running"  # the new holder's to finish
+    late = Event.objects.get(kind="late_result")
+    assert late.step.key == "b" and late.data["verdict"] == "done"
