@@ -4,15 +4,15 @@ transactions on the same disk, and their ratio (issue 3: target 0.5 or more).
     .venv/bin/python bench/effect_overhead.py [--steps 500] [--units 2000] [--dir DIR] [--explain]
 
 Each step is an `http.post` to a receiver started here that answers at once, so the figure is
-the loop's own cost per effect: the start commit, the intent commit, the fenced claim commit,
-the outcome commit, the verdict commit, and the Python between them. The step rate is taken
+the loop's own cost per effect: the intent commit, the fenced claim commit, the outcome commit,
+the verdict commit (which also starts the task's next step), and the Python between them. A
+batch holds at most one side-effect step, so these steps run one at a time. The step rate is taken
 from the journal (first `step_started` to last `step_done`), so Django's start-up is not in
 it. The raw rate is plain `sqlite3` in WAL mode with synchronous=FULL, in the same folder:
 one unit = INSERT+COMMIT, UPDATE+COMMIT, UPDATE+COMMIT.
 
 `--explain` then runs 200 more steps through an in-process worker and splits a step's time into
-commits (fsync), executing SQL, the effect itself (the HTTP round trip) and the rest (Python:
-mostly building ORM queries).
+commits (fsync), executing SQL, the effect itself (the HTTP round trip) and the rest (Python).
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
     from django.db import connection
 
     from loop import actions, plans, tools
+    from loop.models import Event, EventKind
     from loop.runner import Runner
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
-    statements = 0
+    statements = commits = 0
 
     def timed(key: str, func: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -164,19 +165,28 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
         actions.create_task(plan=plans.validate(plan), actor="bench")
     runner = Runner(label="explain")
     runner.boot()
-    connection.commit = timed("commit", connection.commit)  # type: ignore[method-assign]
-    ticks = 0
+    commit = timed("commit", connection.commit)
+
+    def counted_commit() -> None:
+        nonlocal commits
+        commits += 1
+        commit()
+
+    connection.commit = counted_commit  # type: ignore[method-assign]
     began = time.perf_counter()
     with connection.execute_wrapper(sql):
         while runner.tick():
-            ticks += 1
+            pass
     total = time.perf_counter() - began
-    ms = {key: round(value / ticks * 1000, 2) for key, value in spent.items()}
-    ms["python"] = round(total / ticks * 1000 - sum(ms.values()), 2)
+    done = Event.objects.filter(kind=EventKind.STEP_DONE, task__title__startswith="explain")
+    count = done.count()
+    ms = {key: round(value / count * 1000, 2) for key, value in spent.items()}
+    ms["python"] = round(total / count * 1000 - sum(ms.values()), 2)
     return {
-        "ms_per_step": round(total / ticks * 1000, 2),
+        "ms_per_step": round(total / count * 1000, 2),
         "split_ms": ms,
-        "statements_per_step": round(statements / ticks, 1),
+        "statements_per_step": round(statements / count, 1),
+        "commits_per_step": round(commits / count, 1),
     }
 
 
