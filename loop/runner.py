@@ -223,7 +223,10 @@ class Runner(StepLifecycle):
                 return verdicts, ordered[n:]
             self.in_hand = f"task {started.task_id} step '{started.step.key}'"
             holder = effects.Holder(self.worker_id, started.epoch, self.actor)
-            verdicts.append((started, tool_judge.run(started.step, holder)))
+            try:
+                verdicts.append((started, tool_judge.run(started.step, holder)))
+            except lease.LeaseLost as exc:  # its new holder finishes it; the others go on
+                log.warning("%s", exc)
         return verdicts, []
 
     @property

@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.db.models import F
 
 from loop.judges import Verdict
-from loop.models import Event, Step, Task
+from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner
 from loop.tick import Started
 
@@ -102,3 +102,19 @@ def test_in_a_batch_only_the_verdict_whose_lease_moved_on_is_refused(worker: Run
     assert Step.objects.get(key="b").state == "running"  # the new holder's to finish
     late = Event.objects.get(kind="late_result")
     assert late.step.key == "b" and late.data["verdict"] == "done"
+
+
+def test_a_step_whose_lease_moved_on_mid_batch_does_not_cost_the_others(worker: Runner) -> None:
+    make_task(seen("plain"), title="plain")
+    moved = make_task(step("effect", "test.seen_effect", args={}), title="moved")
+    with transaction.atomic():
+        begun = worker._claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    assert sorted(s.step.key for s in batch) == ["effect", "plain"]
+    Task.objects.filter(pk=moved.pk).update(lease_epoch=F("lease_epoch") + 1)
+    verdicts, waiting = worker._judge(batch)
+    # The effect's claim was refused (nothing performed); the plain step's verdict stands.
+    assert [s.step.key for s, _ in verdicts] == ["plain"] and waiting == []
+    assert not Effect.objects.filter(state="running").exists()
+    worker._commit_batch(verdicts, waiting)
+    assert Step.objects.get(key="plain").state == "done"
