@@ -146,8 +146,11 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"folder:       {options.dir} (SQLite WAL, synchronous=FULL, same disk)")
+    from django.conf import settings
+
     print(
-        f"loop:         {median([r[0] for r in rows]):8.1f} no-op steps/s (median; one runloop, {options.tasks} tasks x {options.steps} echo steps per round)"
+        f"loop:         {median([r[0] for r in rows]):8.1f} no-op steps/s (median; one runloop, "
+        f"LOOP_BATCH={settings.LOOP_BATCH}, {options.tasks} tasks x {options.steps} echo steps per round)"
     )
     print(
         f"raw sqlite3:  {median([r[1] for r in rows]):8.1f} two-commit tx/s (median; INSERT+COMMIT, UPDATE+COMMIT)"
