@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import URLPattern
+from django.utils import timezone
 
 from loop import urls
+from loop.api import core
 from loop.api.core import issue
 from loop.models import AgentToken, Effect, Event, EventKind, Receipt, Step, Task
 
@@ -224,6 +227,27 @@ def test_a_command_id_reused_with_another_body_or_path_is_a_409(pippa_agent: Age
     assert Task.objects.count() == 3
 
 
+def test_a_concurrent_duplicate_is_rolled_back_and_answered_as_the_first(
+    pippa_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = make_task(step("a"))
+    first = pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="twice")
+    pippa_agent.post(f"/api/tasks/{task.pk}/resume")
+    looked: list[str] = []
+
+    def too_early(call: Any) -> Any:
+        """The duplicate looked for a receipt before the first request had committed its own."""
+        looked.append(call.command_id)
+        return None if len(looked) == 1 else replay(call)
+
+    replay = core._replay
+    monkeypatch.setattr(core, "_replay", too_early)
+    again = pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="twice")
+    assert again.json() == first.json()
+    assert Task.objects.get(pk=task.pk).state == "running"  # its pause went with its receipt
+    assert Receipt.objects.filter(command_id="twice").count() == 1
+
+
 def test_command_ids_belong_to_their_agent(pippa_agent: Agent, guest_agent: Agent) -> None:
     task = make_task(step("a"))
     assert pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 200
@@ -292,6 +316,23 @@ def test_a_stale_lease_token_is_refused_and_journaled_as_late(pippa_agent: Agent
         f"/api/steps/{step_id}/commit", {"lease_token": second["lease_token"], "verdict": "done"}
     )
     assert on_time.status_code == 200
+
+
+def test_a_worker_takes_over_a_lapsed_agent_lease_and_the_agent_is_late(
+    pippa_agent: Agent, worker: Any
+) -> None:
+    task = make_task(step("a"))
+    taken = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
+    Task.objects.filter(pk=task.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert worker.tick() is True  # the agent went quiet: its step is re-entered and run
+    assert Step.objects.get(pk=taken["step"]["id"]).attempts == 2
+    late = pippa_agent.post(
+        f"/api/steps/{taken['step']['id']}/commit",
+        {"lease_token": taken["lease_token"], "verdict": "failed", "error": "too slow"},
+    )
+    assert late.status_code == 409
+    assert Step.objects.get(pk=taken["step"]["id"]).state == "done"
+    assert len(events(EventKind.LATE_RESULT, task=task)) == 1
 
 
 def test_a_lease_token_is_checked(pippa_agent: Agent, guest_agent: Agent) -> None:

@@ -154,24 +154,26 @@ def route(**views: View) -> View:
     return dispatch
 
 
-def _authenticated(request: HttpRequest) -> Call | JsonResponse:
-    agent = authenticate(request)
-    if agent is None:
-        response = error(401, "Authorization: a valid 'Bearer <token>' header is required")
-        response["WWW-Authenticate"] = 'Bearer realm="pippa-loop"'
-        return response
-    return Call(request=request, agent=agent)
+Handler = Callable[[Call, dict[str, Any]], HttpResponse]
+
+
+def _authenticated(view: View, handle: Handler) -> View:
+    """`view` as served: the agent's token checked (401 without one), then `handle`d."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        agent = authenticate(request)
+        if agent is None:
+            response = error(401, "Authorization: a valid 'Bearer <token>' header is required")
+            response["WWW-Authenticate"] = 'Bearer realm="pippa-loop"'
+            return response
+        return handle(Call(request=request, agent=agent), kwargs)
+
+    return wrapper
 
 
 def reads(view: View) -> View:
-    @wraps(view)
-    def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-        call = _authenticated(request)
-        if isinstance(call, JsonResponse):
-            return call
-        return _respond(view, call, kwargs)
-
-    return wrapper
+    return _authenticated(view, lambda call, kwargs: _respond(view, call, kwargs))
 
 
 def command(*, atomic: bool = True) -> Callable[[View], View]:
@@ -181,11 +183,8 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
     receipt is stored after it."""
 
     def decorate(view: View) -> View:
-        @wraps(view)
-        def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-            call = _authenticated(request)
-            if isinstance(call, JsonResponse):
-                return call
+        def handle(call: Call, kwargs: dict[str, Any]) -> HttpResponse:
+            request = call.request
             key = request.headers.get(KEY_HEADER, "").strip()
             if not key:
                 return error(400, f"{KEY_HEADER}: header required on every POST (a command id)")
@@ -210,7 +209,7 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
                     raise
                 return stored
 
-        return wrapper
+        return _authenticated(view, handle)
 
     return decorate
 

@@ -284,98 +284,75 @@ def document() -> dict[str, Any]:
                     "description": "the command id",
                 },
             },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {"error": {"type": "string"}},
-                },
-                "Plan": {
-                    "type": "object",
-                    "required": ["title", "steps"],
-                    "properties": {
-                        "title": {"type": "string"},
-                        "steps": {"type": "array", "items": _ref("PlanStep")},
-                    },
-                },
-                "PlanStep": {
-                    "type": "object",
-                    "required": ["key", "tool"],
-                    "properties": {
-                        "key": {"type": "string"},
-                        "title": {"type": "string"},
-                        "tool": {"type": "string"},
-                        "args": {"type": "object"},
-                        "side_effect": {"type": "boolean"},
-                        "confirm_before": {"type": "boolean"},
-                        "max_attempts": {"type": "integer"},
-                    },
-                },
-                "TaskSummary": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "integer"},
-                        "title": {"type": "string"},
-                        "state": {"type": "string"},
-                    },
-                },
-                "Task": {
-                    "allOf": [
-                        _ref("TaskSummary"),
-                        {
-                            "type": "object",
-                            "properties": {
-                                "created_at": {"type": "string"},
-                                "successor": {"type": ["integer", "null"]},
-                                "steps": {"type": "array", "items": _ref("Step")},
-                            },
-                        },
-                    ]
-                },
-                "Step": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "integer"},
-                        "key": {"type": "string"},
-                        "title": {"type": "string"},
-                        "tool": {"type": "string"},
-                        "args": {"type": "object"},
-                        "state": {"enum": ["pending", "running", "blocked", "done", "failed"]},
-                        "attempts": {"type": "integer"},
-                        "max_attempts": {"type": "integer"},
-                        "side_effect": {"type": "boolean"},
-                        "confirm_before": {"type": "boolean"},
-                        "output": {},
-                        "error": {"type": "string"},
-                        "question": {
-                            "oneOf": [
-                                {"type": "null"},
-                                {
-                                    "type": "object",
-                                    "properties": {
-                                        "kind": {"enum": ["may_i", "did_it_happen"]},
-                                        "text": {"type": "string"},
-                                        "effects": {"type": "array"},
-                                    },
-                                },
-                            ]
-                        },
-                        "effects": {"type": "array", "items": {"type": "object"}},
-                    },
-                },
-                "Event": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "integer"},
-                        "kind": {"type": "string"},
-                        "task": {"type": ["integer", "null"]},
-                        "step": {"type": ["integer", "null"]},
-                        "effect": {"type": ["string", "null"]},
-                        "actor": {"type": "string"},
-                        "data": {"type": "object"},
-                        "created_at": {"type": "string"},
-                    },
-                },
-            },
+            "schemas": SCHEMAS,
         },
     }
+
+
+def _typed(**types: str | dict[str, Any]) -> dict[str, Any]:
+    """An object whose properties have these JSON types (a name, or a schema)."""
+    properties = {k: {"type": v} if isinstance(v, str) else v for k, v in types.items()}
+    return {"type": "object", "properties": properties}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {**_typed(error="string"), "required": ["error"]},
+    "Plan": {
+        **_typed(title="string", steps={"type": "array", "items": _ref("PlanStep")}),
+        "required": ["title", "steps"],
+    },
+    "PlanStep": {
+        **_typed(
+            key="string",
+            title="string",
+            tool="string",
+            args="object",
+            side_effect="boolean",
+            confirm_before="boolean",
+            max_attempts="integer",
+        ),
+        "required": ["key", "tool"],
+    },
+    "TaskSummary": _typed(id="integer", title="string", state="string"),
+    "Task": {
+        "allOf": [
+            _ref("TaskSummary"),
+            _typed(
+                created_at="string",
+                successor={"type": ["integer", "null"]},
+                steps={"type": "array", "items": _ref("Step")},
+            ),
+        ]
+    },
+    "Step": _typed(
+        id="integer",
+        key="string",
+        title="string",
+        tool="string",
+        args="object",
+        state={"enum": ["pending", "running", "blocked", "done", "failed"]},
+        attempts="integer",
+        max_attempts="integer",
+        side_effect="boolean",
+        confirm_before="boolean",
+        output={},
+        error="string",
+        question={
+            "oneOf": [
+                {"type": "null"},
+                _typed(kind={"enum": ["may_i", "did_it_happen"]}, text="string", effects="array"),
+            ]
+        },
+        effects={"type": "array", "items": {"type": "object"}},
+    ),
+    "Event": _typed(
+        id="integer",
+        kind="string",
+        task={"type": ["integer", "null"]},
+        step={"type": ["integer", "null"]},
+        effect={"type": ["string", "null"]},
+        actor="string",
+        data="object",
+        created_at="string",
+    ),
+}
