@@ -24,6 +24,8 @@ from loop.api.core import issue
 from loop.models import AgentToken, Effect, Event, EventKind, Receipt, Step, Task
 
 from .conftest import make_task, step
+from .cuts import cut, post, sent_not_recorded
+from .sinks import Receiver
 
 
 class Agent:
@@ -75,18 +77,23 @@ def test_the_database_keeps_only_the_tokens_digest(dad: User) -> None:
     stored = [str(v) for v in AgentToken.objects.values_list().get(pk=row.pk)]
     assert not any(token in value for value in stored)
     assert Agent(token).get("/api/tasks").status_code == 200
+    assert AgentToken.objects.get(pk=row.pk).last_used_at is not None
 
 
 def test_a_revoked_token_no_longer_opens_the_api(dad: User) -> None:
     out = io.StringIO()
     call_command("agent_token", "pippa", user="dad", stdout=out)
     agent = Agent(out.getvalue().strip())
-    call_command("agent_token", "pippa", revoke=True, stdout=io.StringIO())
+    call_command("agent_token", "--revoke", "pippa", stdout=io.StringIO())
     response = agent.get("/api/tasks")
     assert response.status_code == 401
     assert "Authorization" in response.json()["error"]
     with pytest.raises(CommandError, match="no live token"):
-        call_command("agent_token", "pippa", revoke=True)
+        call_command("agent_token", "--revoke", "pippa")
+    again = io.StringIO()
+    call_command("agent_token", "pippa", user="dad", stdout=again)  # the name's new token
+    assert Agent(again.getvalue().strip()).get("/api/tasks").status_code == 200
+    assert agent.get("/api/tasks").status_code == 401
 
 
 def test_a_token_for_an_unknown_user_is_refused(db: None) -> None:
@@ -461,6 +468,25 @@ def test_an_agents_side_effect_goes_through_the_outbox_once(
     )
     assert refused.status_code == 400
     assert refused.json()["error"].startswith("step: 'look' is read-only")
+
+
+def test_next_probes_a_cut_effect_and_the_agent_gets_its_receipt(
+    pippa_agent: Agent, settings: Any
+) -> None:
+    with Receiver() as receiver:
+        settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
+        task = make_task(post(receiver.url()))
+        cut(task, sent_not_recorded)  # a worker sent the POST and died before recording it
+        taken = pippa_agent.post(f"/api/tasks/{task.pk}/next", key="after-cut")
+        body = taken.json()
+        assert body["step"]["key"] == "pay"  # the probe found it happened: no question
+        assert [e.data["found"] for e in events(EventKind.PROBE, task=task)] == [True]
+        call = {"lease_token": body["lease_token"], "step": body["step"]["id"], "tool": "http.post"}
+        paid = pippa_agent.post("/api/effects", {**call, "args": body["step"]["args"]})
+        assert paid.status_code == 200
+        assert len(receiver.posts) == 1  # answered from the receipt, never sent again
+    replayed = pippa_agent.post(f"/api/tasks/{task.pk}/next", key="after-cut")
+    assert replayed.json() == body
 
 
 # ---- the journal and the document ----------------------------------------------------------------

@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import actions, plans
+from ..lease import LeaseLost
 from ..models import AgentToken, Receipt, Step, Task
 from ..states import IllegalTransition
 from ..transitions import Conflict
@@ -238,7 +239,7 @@ def _respond(view: View, call: Call, kwargs: dict[str, Any]) -> HttpResponse:
         return error(400, str(exc), errors=exc.errors)
     except PermissionDenied as exc:
         return error(403, str(exc))
-    except (actions.Refused, IllegalTransition, Conflict) as exc:
+    except (actions.Refused, IllegalTransition, Conflict, LeaseLost) as exc:
         return error(409, str(exc))
 
 
