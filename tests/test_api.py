@@ -521,3 +521,14 @@ def test_the_openapi_document_describes_every_api_route(db: None) -> None:
         assert path in doc["paths"], path
         methods = {m.lower() for m in pattern.callback.methods}  # type: ignore[attr-defined]
         assert set(doc["paths"][path]) == methods, path
+
+
+def test_the_admin_lists_tokens_without_their_digest(dad: User) -> None:
+    agent, _ = issue(name="pippa", user=dad)
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("root", password="root-password-1"))
+    listed = staff.get("/admin/loop/agenttoken/")
+    shown = staff.get(f"/admin/loop/agenttoken/{agent.pk}/change/")
+    assert listed.status_code == shown.status_code == 200
+    assert agent.prefix in listed.content.decode()
+    assert agent.digest not in listed.content.decode() + shown.content.decode()
