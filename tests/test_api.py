@@ -288,6 +288,18 @@ def test_an_agent_runs_a_task_with_next_and_commit(pippa_agent: Agent) -> None:
     assert nothing.json()["error"] == f"state: task {task.pk} is done, not running"
 
 
+def test_a_blocked_verdict_needs_an_uncertain_effect_to_ask_about(pippa_agent: Agent) -> None:
+    task = make_task(step("a"))
+    body = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
+    refused = pippa_agent.post(
+        f"/api/steps/{body['step']['id']}/commit",
+        {"lease_token": body["lease_token"], "verdict": "blocked"},
+    )
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith("verdict:")
+    assert Step.objects.get(task=task).state == "running"
+
+
 def test_next_holds_the_lease_against_workers_and_other_agents(
     pippa_agent: Agent, guest_agent: Agent, worker: Any
 ) -> None:

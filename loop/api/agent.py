@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .. import effects, lease, questions, tools
 from ..judges import Verdict
-from ..models import AgentToken, Step, TaskState, Worker
+from ..models import AgentToken, EffectState, Step, TaskState, Worker
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..tick import NeedsProbe, Started, StepLifecycle
 from .core import ApiError, Call, command, get_step, get_task
@@ -157,6 +157,10 @@ def commit(call: Call, step_id: int) -> HttpResponse:
     step = get_step(step_id)
     started = held_step(call, data, step)
     verdict = _verdict(data)
+    if verdict.kind == "blocked" and not step.effects.filter(state=EffectState.UNCERTAIN).exists():
+        # "blocked" asks Dad "Did this happen?" about the step's uncertain effects; with none,
+        # there is nothing to ask (`/api/effects` answers 409 "may have happened" first).
+        raise ApiError(409, f"verdict: step '{step.key}' has no uncertain effect to ask about")
     if not AgentLifecycle(call.agent).commit(started, verdict):
         raise ApiError(409, _moved_on(started) + "; the verdict was journaled as late_result")
     step.refresh_from_db()
