@@ -22,7 +22,7 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
 from . import actions, tools
-from .models import Effect, Event, Step, StepState, Task, Worker
+from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
 
@@ -218,3 +218,13 @@ class EffectAdmin(ReadOnlyAdmin):
 class WorkerAdmin(ReadOnlyAdmin):
     list_display = ("id", "label", "host", "pid", "state", "last_seen", "parked_reason")
     list_filter = ("state",)
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(ReadOnlyAdmin):
+    """Tokens are made and revoked with `manage.py agent_token`; only their digest is stored,
+    and it is not shown."""
+
+    list_display = ("name", "prefix", "user", "created_at", "last_used_at", "revoked")
+    list_filter = ("revoked",)
+    fields = ("name", "prefix", "user", "created_at", "last_used_at", "revoked")

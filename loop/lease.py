@@ -53,6 +53,26 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     return (int(row[0]), int(row[1])) if row else None
 
 
+def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:
+    """Claim this one task for `owner` (an API agent's `next`); returns the new epoch, or None
+    if it is not running, its retry is not due, or someone else holds its lease. The owner
+    may claim again a task it holds: the epoch moves on and its older lease token goes stale.
+    """
+    now = timezone.now()
+    until = now + timedelta(seconds=seconds)
+    sql = (
+        "UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "
+        "WHERE id = %s AND state = %s "
+        "AND (lease_until IS NULL OR lease_until < %s OR lease_owner = %s) "
+        "AND (run_after IS NULL OR run_after <= %s) RETURNING lease_epoch"
+    )
+    params = [owner, _db(until), task_id, TaskState.RUNNING, _db(now), owner, _db(now)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
 def fenced(task_id: int, owner: int, epoch: int) -> Task:
     """The task, locked for this transaction, if `owner` still holds it at `epoch`."""
     task = rows.load(Task, "id = %s", [task_id], for_update=True)

@@ -1,4 +1,4 @@
-"""Task, Step, Effect, Event, Worker.
+"""Task, Step, Effect, Event, Worker; the API's AgentToken and Receipt.
 
 State fields are written only through `loop.transitions` (compare-and-set, checked against
 `loop.states`, journaled in the same transaction). Admin forms and views never write them.
@@ -6,6 +6,7 @@ State fields are written only through `loop.transitions` (compare-and-set, check
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -267,6 +268,64 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.pk} ({self.label or self.host}:{self.pid})"
+
+
+class AgentToken(models.Model):
+    """An outside agent's credential for the HTTP API. Only the SHA-256 digest of the token
+    is kept; the token itself is shown once, when it is made (`manage.py agent_token`)."""
+
+    name = models.CharField(max_length=100)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_tokens"
+    )  # whose permissions the agent acts with (e.g. loop.confirm_step for unblock)
+    digest = models.CharField(max_length=64, unique=True)  # the API looks tokens up by it
+    prefix = models.CharField(max_length=8)  # the token's first characters, to tell them apart
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            # A revoked token's name may be given to its replacement.
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(revoked=False), name="agent_token_live_name"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"agent {self.name} ({self.prefix}…)"
+
+    @property
+    def actor(self) -> str:
+        return f"agent:{self.name}"
+
+    @property
+    def lease_owner(self) -> int:
+        """The agent's lease owner id: negative, so it never collides with a Worker's id (and
+        boot reconciliation, which retires dead workers' leases, never touches it)."""
+        return -self.pk
+
+
+class Receipt(models.Model):
+    """The stored answer to one API command (DESIGN.md §7): the same command id again gets
+    this answer and nothing is done twice; with another body or scope it is refused."""
+
+    agent = models.ForeignKey(AgentToken, on_delete=models.CASCADE, related_name="receipts")
+    command_id = models.CharField(max_length=255)  # the request's Idempotency-Key
+    scope = models.CharField(max_length=300)  # method and path: "POST /api/tasks/12/pause"
+    digest = models.CharField(max_length=64)  # SHA-256 of the request body
+    status = models.PositiveSmallIntegerField()
+    body = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Command ids are the agent's own: another agent's key never replays this answer.
+            models.UniqueConstraint(fields=["agent", "command_id"], name="receipt_command_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"receipt {self.command_id} {self.scope} {self.status}"
 
 
 class HealthCheck(models.Model):

@@ -1,0 +1,283 @@
+"""An outside agent drives a task itself (DESIGN.md §8, §12): `next` claims the task's lease
+and starts its step exactly as a worker's tick would; the agent does the work (its side
+effects through `POST /api/effects`, the outbox) and `commit`s the verdict, fenced on the
+lease epoch its lease token carries.
+
+The agent's lease owner id is its token's negative pk (`AgentToken.lease_owner`), so it never
+collides with a worker's, and boot reconciliation never retires it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from django.db import transaction
+from django.http import HttpResponse, JsonResponse
+from django.utils import timezone
+
+from .. import effects, lease, questions, tools
+from ..judges import Verdict
+from ..models import AgentToken, EffectState, Step, TaskState, Worker
+from ..serialize import effect_dict, step_dict, task_dict, task_summary
+from ..tick import NeedsProbe, Started, StepLifecycle
+from .core import ApiError, Call, command, get_step, get_task
+
+LEASE_SALT = "loop.api.lease"
+VERDICTS = ("done", "failed", "retry", "blocked")
+
+
+class AgentLifecycle(StepLifecycle):
+    """The runner's step transactions (guard and start, fenced commit), as this agent."""
+
+    def __init__(self, agent: AgentToken) -> None:
+        self.agent = agent
+        self.stopping = False
+        self.once = True
+        self.batch_size = 1
+        self.in_hand = ""
+        self._claimed_at = time.monotonic()
+
+    @property
+    def actor(self) -> str:
+        return self.agent.actor
+
+    @property
+    def worker_id(self) -> int:
+        return self.agent.lease_owner
+
+
+# ---- lease tokens ------------------------------------------------------------------------------
+
+
+def lease_token(agent: AgentToken, started: Started) -> str:
+    return signing.dumps(
+        {
+            "task": started.task_id,
+            "step": started.step.pk,
+            "epoch": started.epoch,
+            "owner": agent.lease_owner,
+        },
+        salt=LEASE_SALT,
+    )
+
+
+def held_step(call: Call, data: dict[str, Any], step: Step) -> Started:
+    """The start that `data["lease_token"]` stands for, if it is this agent's, for `step`."""
+    token = data.get("lease_token")
+    if not isinstance(token, str) or not token:
+        raise ApiError(400, "lease_token: required, the token `next` answered")
+    try:
+        claims = signing.loads(token, salt=LEASE_SALT)
+    except signing.BadSignature:
+        raise ApiError(403, "lease_token: not a lease token signed by this server") from None
+    if claims.get("owner") != call.agent.lease_owner:
+        raise ApiError(403, "lease_token: issued to another agent")
+    if claims.get("step") != step.pk:
+        raise ApiError(400, f"lease_token: is for step {claims.get('step')}, not step {step.pk}")
+    return Started(task_id=int(claims["task"]), epoch=int(claims["epoch"]), step=step)
+
+
+def _moved_on(started: Started) -> str:
+    return (
+        f"lease_token: task {started.task_id} is no longer held at epoch {started.epoch} "
+        "(the lease ran out or was claimed again)"
+    )
+
+
+# ---- next ----------------------------------------------------------------------------------------
+
+
+@command(atomic=False)
+def next_step(call: Call, task_id: int) -> HttpResponse:
+    """Claim the task for this agent and guard and start its first open step, in one commit
+    with the receipt; a step to probe first commits the claim, probes, then starts fenced."""
+    lifecycle = AgentLifecycle(call.agent)
+    with transaction.atomic():
+        epoch = lease.claim_task(
+            task_id, call.agent.lease_owner, seconds=settings.LOOP_STEP_TIMEOUT
+        )
+        if epoch is None:
+            raise _not_claimable(task_id)
+        begun = lifecycle._begin(task_id, epoch)
+        if not isinstance(begun, NeedsProbe):
+            return call.keep(_next_answer(call.agent, task_id, begun))
+    return _next_answer(call.agent, task_id, lifecycle._probe_then_begin(begun))
+
+
+def _next_answer(agent: AgentToken, task_id: int, begun: object) -> JsonResponse:
+    task = get_task(task_id)
+    if not isinstance(begun, Started):
+        # Nothing to run, or the guard asked a question (it is in the task's steps).
+        return JsonResponse({"step": None, "task": task_dict(task)})
+    return JsonResponse(
+        {
+            "step": step_dict(Step.objects.get(pk=begun.step.pk)),
+            "lease_token": lease_token(agent, begun),
+            "lease_until": task.lease_until.isoformat() if task.lease_until else None,
+            "task": task_summary(task),
+        }
+    )
+
+
+def _not_claimable(task_id: int) -> ApiError:
+    task = get_task(task_id)
+    if task.state != TaskState.RUNNING:
+        return ApiError(409, f"state: task {task_id} is {task.state}, not running")
+    if task.run_after and task.run_after > timezone.now():
+        return ApiError(
+            409,
+            f"run_after: task {task_id} waits until {task.run_after.isoformat()} (a retry)",
+            retry_at=task.run_after.isoformat(),
+        )
+    until = task.lease_until.isoformat() if task.lease_until else "now"
+    return ApiError(
+        409, f"lease: task {task_id} is held by {_holder(task.lease_owner)} until {until}"
+    )
+
+
+def _holder(owner: int | None) -> str:
+    if owner is not None and owner < 0:
+        agent = AgentToken.objects.filter(pk=-owner).first()
+        return agent.actor if agent else f"agent {-owner}"
+    worker = Worker.objects.filter(pk=owner).first() if owner is not None else None
+    return str(worker) if worker else f"worker {owner}"
+
+
+# ---- commit and renew ------------------------------------------------------------------------
+
+
+@command()
+def commit(call: Call, step_id: int) -> HttpResponse:
+    """The agent's verdict on the step it holds, fenced on the lease: a late one is journaled
+    (`late_result`) and refused. The next step is not started: the agent asks `next`."""
+    data = call.body(frozenset({"lease_token", "verdict", "output", "error", "delay"}))
+    step = get_step(step_id)
+    started = held_step(call, data, step)
+    verdict = _verdict(data)
+    if verdict.kind == "blocked" and not step.effects.filter(state=EffectState.UNCERTAIN).exists():
+        # "blocked" asks Dad "Did this happen?" about the step's uncertain effects; with none,
+        # there is nothing to ask (`/api/effects` answers 409 "may have happened" first).
+        raise ApiError(409, f"verdict: step '{step.key}' has no uncertain effect to ask about")
+    if not AgentLifecycle(call.agent).commit(started, verdict):
+        raise ApiError(409, _moved_on(started) + "; the verdict was journaled as late_result")
+    step.refresh_from_db()
+    return JsonResponse({"step": step_dict(step), "task": task_summary(get_task(step.task_id))})
+
+
+def _verdict(data: dict[str, Any]) -> Verdict:
+    kind = data.get("verdict")
+    if kind not in VERDICTS:
+        raise ApiError(400, f"verdict: required, one of {', '.join(VERDICTS)}")
+    error = data.get("error", "")
+    if not isinstance(error, str):
+        raise ApiError(400, "error: must be a string")
+    if "output" in data and kind != "done":
+        raise ApiError(400, "output: only a 'done' verdict has an output")
+    delay = data.get("delay")
+    if delay is not None:
+        if kind != "retry":
+            raise ApiError(400, "delay: only a 'retry' verdict has a delay")
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise ApiError(400, "delay: must be a number of seconds, 0 or more")
+    if kind == "done":
+        return Verdict.done(data.get("output", {}))
+    if kind == "retry":
+        return Verdict.retry(error, delay=delay)
+    return Verdict(kind, error=error)
+
+
+@command()
+def renew(call: Call, step_id: int) -> HttpResponse:
+    """Extend the agent's lease on the step's task by LOOP_STEP_TIMEOUT from now."""
+    data = call.body(frozenset({"lease_token"}))
+    started = held_step(call, data, get_step(step_id))
+    owner = call.agent.lease_owner
+    if not lease.renew(started.task_id, owner, started.epoch, seconds=settings.LOOP_STEP_TIMEOUT):
+        raise ApiError(409, _moved_on(started))
+    task = get_task(started.task_id)
+    return JsonResponse({"lease_until": task.lease_until.isoformat() if task.lease_until else None})
+
+
+# ---- effects -----------------------------------------------------------------------------------
+
+
+@command(atomic=False)
+def effect(call: Call) -> HttpResponse:
+    """A side-effect tool call for the step the agent holds, through the outbox: at most once,
+    and the stored answer on any repeat (DESIGN.md §6). Its intent, claim and outcome each
+    commit on their own around the call, so the command's receipt is stored after them."""
+    data = call.body(frozenset({"lease_token", "step", "tool", "args", "key"}))
+    step_id = data.get("step")
+    if isinstance(step_id, bool) or not isinstance(step_id, int):
+        raise ApiError(400, "step: required, the id of the step the agent holds")
+    step = get_step(step_id)
+    started = held_step(call, data, step)
+    tool = _side_effect_tool(step, data)
+    args = data.get("args", {})
+    if not isinstance(args, dict):
+        raise ApiError(400, "args: must be an object")
+    problems = tool.check_args(args, f"step '{step.key}'")
+    if problems:
+        raise ApiError(400, "; ".join(problems))
+    key = data.get("key")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > 200):
+        raise ApiError(400, "key: must be a non-empty string of at most 200 characters")
+    task = get_task(started.task_id)
+    owner = call.agent.lease_owner
+    if task.lease_owner != owner or task.lease_epoch != started.epoch:
+        raise ApiError(409, _moved_on(started))
+    holder = effects.Holder(owner=owner, epoch=started.epoch, actor=call.agent.actor)
+    eid = effects.effect_id(step, tool.name, args, key)
+    where = tools.Call(
+        task_id=task.pk,
+        step_id=step.pk,
+        step_key=step.key,
+        attempt=step.attempts,
+        owner=owner,
+        epoch=started.epoch,
+    )
+    try:
+        with tools.calling(where):
+            output = effects.call(holder, step, tool, args, key)
+    except effects.EffectRejected as exc:
+        raise ApiError(422, f"tool: {exc}", effect=eid) from None
+    except effects.EffectNotSent as exc:
+        raise ApiError(
+            503, f"tool: not sent, try again: {exc}", effect=eid, retry_after=exc.retry_after
+        ) from None
+    except effects.StepMustAsk as exc:
+        kind, text = questions.did_it_happen(exc.effects)
+        raise ApiError(
+            409,
+            f"effect: may have happened: {exc}; commit the step as 'blocked' to ask",
+            effect=eid,
+            question={"kind": kind, "text": text, "effects": [effect_dict(e) for e in exc.effects]},
+        ) from None
+    except effects.EffectBusy as exc:
+        raise ApiError(409, f"effect: {exc}", effect=eid, until=str(exc.until)) from None
+    except lease.LeaseLost:
+        raise ApiError(409, _moved_on(started), effect=eid) from None
+    return JsonResponse({"effect": eid, "output": output})
+
+
+def _side_effect_tool(step: Step, data: dict[str, Any]) -> tools.Tool:
+    name = data.get("tool")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "tool: required, a tool name")
+    tool = tools.find(name)
+    if tool is None:
+        raise ApiError(400, f"tool: no tool '{name}'")
+    if not tool.side_effect:
+        raise ApiError(400, f"tool: '{name}' has no side effects; call it yourself")
+    if not step.side_effect:
+        raise ApiError(
+            400,
+            f"step: '{step.key}' is read-only (side_effect: false); it may not call '{name}'",
+        )
+    reason = tool.disabled()
+    if reason:
+        raise ApiError(400, f"tool: '{name}' is off: {reason}")
+    return tool

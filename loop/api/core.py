@@ -1,0 +1,260 @@
+"""What every API endpoint shares: bearer-token auth, JSON in and out, errors that name the
+field, and command receipts (DESIGN.md §7, §13).
+
+    route(get=…, post=…)  the URL's view: 405 for other methods, CSRF-exempt (no cookies)
+    @reads                a GET: the agent's token, then the view
+    @command()            a POST: the token, the Idempotency-Key, a stored answer replayed or
+                          refused (409), else the view and its receipt in one transaction
+
+A browser session never authenticates the API: only `Authorization: Bearer <token>` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import actions, plans
+from ..lease import LeaseLost
+from ..models import AgentToken, Receipt, Step, Task
+from ..states import IllegalTransition
+from ..transitions import Conflict
+
+KEY_HEADER = "Idempotency-Key"
+TOUCH_EVERY = timedelta(minutes=1)  # how often last_used_at is written, at most
+
+
+class ApiError(Exception):
+    """Answer with this status and message (which names the field); nothing was changed."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+    def response(self) -> JsonResponse:
+        return error(self.status, str(self), **self.extra)
+
+
+def error(status: int, message: str, **extra: Any) -> JsonResponse:
+    return JsonResponse({"error": message, **extra}, status=status)
+
+
+# ---- tokens ------------------------------------------------------------------------------------
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue(*, name: str, user: User) -> tuple[AgentToken, str]:
+    """A new token for the agent `name`, acting as `user`. The token is returned once; only
+    its digest is stored."""
+    token = secrets.token_urlsafe(32)
+    agent = AgentToken.objects.create(name=name, user=user, digest=digest(token), prefix=token[:8])
+    return agent, token
+
+
+def authenticate(request: HttpRequest) -> AgentToken | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    agent = (
+        AgentToken.objects.select_related("user")
+        .filter(digest=digest(token.strip()), revoked=False)
+        .first()
+    )
+    if agent is None or not agent.user.is_active:
+        return None
+    now = timezone.now()
+    if agent.last_used_at is None or agent.last_used_at < now - TOUCH_EVERY:
+        AgentToken.objects.filter(pk=agent.pk).update(last_used_at=now)
+    return agent
+
+
+# ---- requests ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One authenticated API request: which agent asks, and for a POST its command."""
+
+    request: HttpRequest
+    agent: AgentToken
+    command_id: str = ""
+    scope: str = ""
+    body_digest: str = ""
+    kept: bool = field(default=False)
+
+    def body(self, allowed: frozenset[str] | None = None) -> dict[str, Any]:
+        """The JSON object sent (an empty body is `{}`); with `allowed`, any other field is a
+        400 naming it."""
+        raw = self.request.body
+        if not raw.strip():
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"body: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "body: must be a JSON object")
+        if allowed is not None:
+            unknown = sorted(set(data) - allowed)
+            if unknown:
+                raise ApiError(400, f"{unknown[0]}: unknown field")
+        return data
+
+    def keep(self, response: HttpResponse) -> HttpResponse:
+        """Store `response` as this command's receipt, in the caller's transaction. A server
+        error is not an answer: a retry of the command runs it again."""
+        if self.kept or response.status_code >= 500:
+            return response
+        Receipt.objects.create(
+            agent=self.agent,
+            command_id=self.command_id,
+            scope=self.scope,
+            digest=self.body_digest,
+            status=response.status_code,
+            body=json.loads(response.content),
+        )
+        self.kept = True
+        return response
+
+
+View = Callable[..., HttpResponse]
+
+
+def route(**views: View) -> View:
+    """The view for one URL: each method its own view, any other method a 405."""
+    allowed = ", ".join(sorted(m.upper() for m in views))
+
+    @csrf_exempt
+    def dispatch(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        view = views.get((request.method or "").lower())
+        if view is None:
+            response = error(405, f"method: {request.method} is not allowed here; use {allowed}")
+            response["Allow"] = allowed
+            return response
+        return view(request, **kwargs)
+
+    dispatch.methods = sorted(m.upper() for m in views)  # type: ignore[attr-defined]
+    return dispatch
+
+
+Handler = Callable[[Call, dict[str, Any]], HttpResponse]
+
+
+def _authenticated(view: View, handle: Handler) -> View:
+    """`view` as served: the agent's token checked (401 without one), then `handle`d."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        agent = authenticate(request)
+        if agent is None:
+            response = error(401, "Authorization: a valid 'Bearer <token>' header is required")
+            response["WWW-Authenticate"] = 'Bearer realm="pippa-loop"'
+            return response
+        return handle(Call(request=request, agent=agent), kwargs)
+
+    return wrapper
+
+
+def reads(view: View) -> View:
+    return _authenticated(view, lambda call, kwargs: _respond(view, call, kwargs))
+
+
+def command(*, atomic: bool = True) -> Callable[[View], View]:
+    """A POST with an Idempotency-Key. With `atomic` the view runs inside one transaction
+    together with its receipt; without, the view commits on its own (it performs something
+    in between) and stores its receipt with `call.keep` in its last transaction, or else the
+    receipt is stored after it."""
+
+    def decorate(view: View) -> View:
+        def handle(call: Call, kwargs: dict[str, Any]) -> HttpResponse:
+            request = call.request
+            key = request.headers.get(KEY_HEADER, "").strip()
+            if not key:
+                return error(400, f"{KEY_HEADER}: header required on every POST (a command id)")
+            if len(key) > 255:
+                return error(400, f"{KEY_HEADER}: at most 255 characters")
+            call.command_id = key
+            call.scope = f"{request.method} {request.path}"
+            call.body_digest = hashlib.sha256(request.body).hexdigest()
+            stored = _replay(call)
+            if stored is not None:
+                return stored
+            try:
+                with transaction.atomic() if atomic else nullcontext():
+                    response = _respond(view, call, kwargs)
+                    with transaction.atomic():
+                        return call.keep(response)
+            except IntegrityError:
+                # The same command id committed meanwhile by a concurrent request: its answer
+                # stands, and what this one did was rolled back with the failed receipt.
+                stored = _replay(call)
+                if stored is None:
+                    raise
+                return stored
+
+        return _authenticated(view, handle)
+
+    return decorate
+
+
+def _replay(call: Call) -> HttpResponse | None:
+    receipt = Receipt.objects.filter(agent=call.agent, command_id=call.command_id).first()
+    if receipt is None:
+        return None
+    if receipt.scope != call.scope:
+        return error(409, f"{KEY_HEADER}: already used for {receipt.scope}")
+    if receipt.digest != call.body_digest:
+        return error(409, f"{KEY_HEADER}: already used with another body")
+    response = JsonResponse(receipt.body, status=receipt.status, safe=False)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def _respond(view: View, call: Call, kwargs: dict[str, Any]) -> HttpResponse:
+    """The view's answer; refusals become 4xx answers. Each action that refuses has already
+    rolled back its own writes (and kept what it journals about the refusal)."""
+    try:
+        return view(call, **kwargs)
+    except ApiError as exc:
+        return exc.response()
+    except plans.PlanError as exc:
+        return error(400, str(exc), errors=exc.errors)
+    except PermissionDenied as exc:
+        return error(403, str(exc))
+    except (actions.Refused, IllegalTransition, Conflict, LeaseLost) as exc:
+        return error(409, str(exc))
+
+
+# ---- lookups -----------------------------------------------------------------------------------
+
+
+def get_task(task_id: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise ApiError(404, f"task: no task {task_id}")
+    return task
+
+
+def get_step(step_id: int) -> Step:
+    step = Step.objects.filter(pk=step_id).first()
+    if step is None:
+        raise ApiError(404, f"step: no step {step_id}")
+    return step

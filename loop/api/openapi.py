@@ -1,0 +1,358 @@
+"""The OpenAPI 3.1 document served at /api/openapi.json, written by hand to match
+`loop/urls.py` (a test checks every /api/ route and method is in it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _id(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer"},
+        "description": what,
+    }
+
+
+def _answers(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+    said = {
+        400: "a bad body or field: `error` names the field",
+        401: "no valid bearer token",
+        403: "not permitted (or a lease token not this agent's)",
+        404: "no such task or step",
+        405: "another method is expected",
+        409: "refused in the current state, a lease that moved on, or an Idempotency-Key reused with another body or path",
+        422: "the world said no (the effect failed definitively)",
+        503: "not sent; try again (see `retry_after`)",
+    }
+    responses: dict[str, Any] = {
+        str(ok): {"description": "OK", "content": {JSON: {"schema": schema}}}
+    }
+    for status in (401, *errors):
+        responses[str(status)] = {
+            "description": said[status],
+            "content": {JSON: {"schema": _ref("Error")}},
+        }
+    return responses
+
+
+def _command(
+    summary: str,
+    body: dict[str, Any] | None,
+    ok: int,
+    schema: dict[str, Any],
+    *errors: int,
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "parameters": [*(params or []), {"$ref": "#/components/parameters/IdempotencyKey"}],
+        "responses": _answers(ok, schema, 400, *errors),
+    }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {JSON: {"schema": body}}}
+    return op
+
+
+def _object(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+TASK_ID = _id("task_id", "a task id")
+STEP_ID = _id("step_id", "a step id")
+LEASE_TOKEN = {"type": "string", "description": "the token `next` answered"}
+EMPTY = _object([])
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Pippa Loop API",
+            "version": "1",
+            "description": "Agents create and steer tasks, or drive them step by step "
+            "(`next` … work … `commit`). Every POST carries an `Idempotency-Key`: the same key "
+            "and body again answer what the first did, and nothing is done twice.",
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "security": [],
+                    "responses": {"200": {"description": "OK"}},
+                }
+            },
+            "/api/tasks": {
+                "get": {
+                    "summary": "Every task, oldest first",
+                    "responses": _answers(200, {"type": "array", "items": _ref("TaskSummary")}),
+                },
+                "post": _command("Create a task from a plan", _ref("Plan"), 201, _ref("Task")),
+            },
+            "/api/tasks/{task_id}": {
+                "get": {
+                    "summary": "A task with its steps, effects and questions",
+                    "parameters": [TASK_ID],
+                    "responses": _answers(200, _ref("Task"), 404),
+                },
+            },
+            "/api/tasks/{task_id}/steps": {
+                "post": _command(
+                    "Add steps, after the step `after` or at the end",
+                    _object(
+                        ["steps"],
+                        steps={"type": "array", "items": _ref("PlanStep")},
+                        after={"type": "string"},
+                    ),
+                    200,
+                    _ref("Task"),
+                    404,
+                    409,
+                    params=[TASK_ID],
+                ),
+            },
+            "/api/tasks/{task_id}/pause": {
+                "post": _command(
+                    "Pause a task", EMPTY, 200, _ref("Task"), 404, 409, params=[TASK_ID]
+                )
+            },
+            "/api/tasks/{task_id}/resume": {
+                "post": _command(
+                    "Resume a paused task (a failed step that paused it is skipped)",
+                    EMPTY,
+                    200,
+                    _ref("Task"),
+                    404,
+                    409,
+                    params=[TASK_ID],
+                )
+            },
+            "/api/tasks/{task_id}/supersede": {
+                "post": _command(
+                    "Replace the task by a successor made from a plan; answers the successor",
+                    _ref("Plan"),
+                    201,
+                    _ref("Task"),
+                    404,
+                    409,
+                    params=[TASK_ID],
+                )
+            },
+            "/api/tasks/{task_id}/next": {
+                "post": _command(
+                    "Claim the task's lease (LOOP_STEP_TIMEOUT, 15 minutes) and start its first open step; `step` is null when the guard asked a question or nothing is left to run",
+                    EMPTY,
+                    200,
+                    _object(
+                        ["step", "task"],
+                        step={"oneOf": [_ref("Step"), {"type": "null"}]},
+                        lease_token={"type": "string"},
+                        lease_until={"type": "string", "format": "date-time"},
+                        task={"type": "object"},
+                    ),
+                    404,
+                    409,
+                    params=[TASK_ID],
+                ),
+            },
+            "/api/steps/{step_id}/commit": {
+                "post": _command(
+                    "Commit the verdict on the step this agent holds, fenced on its lease; a late one is journaled as late_result and refused (409)",
+                    _object(
+                        ["lease_token", "verdict"],
+                        lease_token=LEASE_TOKEN,
+                        verdict={"enum": ["done", "failed", "retry", "blocked"]},
+                        output={"description": "done: the step's output"},
+                        error={"type": "string"},
+                        delay={
+                            "type": "number",
+                            "minimum": 0,
+                            "description": "retry: seconds to wait",
+                        },
+                    ),
+                    200,
+                    _object(["step", "task"], step=_ref("Step"), task=_ref("TaskSummary")),
+                    403,
+                    404,
+                    409,
+                    params=[STEP_ID],
+                ),
+            },
+            "/api/steps/{step_id}/renew": {
+                "post": _command(
+                    "Extend this agent's lease on the step's task",
+                    _object(["lease_token"], lease_token=LEASE_TOKEN),
+                    200,
+                    _object(["lease_until"], lease_until={"type": "string", "format": "date-time"}),
+                    403,
+                    404,
+                    409,
+                    params=[STEP_ID],
+                ),
+            },
+            "/api/steps/{step_id}/unblock": {
+                "post": _command(
+                    "Answer a blocked step's question (needs loop.confirm_step for the token's user)",
+                    _object(
+                        ["decision"],
+                        decision={"enum": ["allow", "deny", "happened", "rerun", "fail"]},
+                        note={"type": "string"},
+                    ),
+                    200,
+                    _ref("Step"),
+                    403,
+                    404,
+                    409,
+                    params=[STEP_ID],
+                ),
+            },
+            "/api/effects": {
+                "post": _command(
+                    "Perform a side-effect tool call for the step this agent holds, through the outbox: at most once, the stored answer on a repeat",
+                    _object(
+                        ["lease_token", "step", "tool"],
+                        lease_token=LEASE_TOKEN,
+                        step={"type": "integer"},
+                        tool={"type": "string"},
+                        args={"type": "object"},
+                        key={
+                            "type": "string",
+                            "description": "the effect's idempotency key (default: a digest of step, tool and args)",
+                        },
+                    ),
+                    200,
+                    _object(
+                        ["effect", "output"], effect={"type": "string"}, output={"type": "object"}
+                    ),
+                    403,
+                    404,
+                    409,
+                    422,
+                    503,
+                ),
+            },
+            "/api/events": {
+                "get": {
+                    "summary": "The journal after event `after`, oldest first, up to 500",
+                    "parameters": [
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "schema": {"type": "integer", "default": 0},
+                        }
+                    ],
+                    "responses": _answers(
+                        200,
+                        _object(
+                            ["events", "last"],
+                            events={"type": "array", "items": _ref("Event")},
+                            last={"type": "integer"},
+                        ),
+                        400,
+                    ),
+                },
+            },
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "manage.py agent_token NAME --user USERNAME",
+                }
+            },
+            "parameters": {
+                "IdempotencyKey": {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": True,
+                    "schema": {"type": "string", "maxLength": 255},
+                    "description": "the command id",
+                },
+            },
+            "schemas": SCHEMAS,
+        },
+    }
+
+
+def _typed(**types: str | dict[str, Any]) -> dict[str, Any]:
+    """An object whose properties have these JSON types (a name, or a schema)."""
+    properties = {k: {"type": v} if isinstance(v, str) else v for k, v in types.items()}
+    return {"type": "object", "properties": properties}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {**_typed(error="string"), "required": ["error"]},
+    "Plan": {
+        **_typed(title="string", steps={"type": "array", "items": _ref("PlanStep")}),
+        "required": ["title", "steps"],
+    },
+    "PlanStep": {
+        **_typed(
+            key="string",
+            title="string",
+            tool="string",
+            args="object",
+            side_effect="boolean",
+            confirm_before="boolean",
+            max_attempts="integer",
+        ),
+        "required": ["key", "tool"],
+    },
+    "TaskSummary": _typed(id="integer", title="string", state="string"),
+    "Task": {
+        "allOf": [
+            _ref("TaskSummary"),
+            _typed(
+                created_at="string",
+                successor={"type": ["integer", "null"]},
+                steps={"type": "array", "items": _ref("Step")},
+            ),
+        ]
+    },
+    "Step": _typed(
+        id="integer",
+        key="string",
+        title="string",
+        tool="string",
+        args="object",
+        state={"enum": ["pending", "running", "blocked", "done", "failed"]},
+        attempts="integer",
+        max_attempts="integer",
+        side_effect="boolean",
+        confirm_before="boolean",
+        output={},
+        error="string",
+        question={
+            "oneOf": [
+                {"type": "null"},
+                _typed(kind={"enum": ["may_i", "did_it_happen"]}, text="string", effects="array"),
+            ]
+        },
+        effects={"type": "array", "items": {"type": "object"}},
+    ),
+    "Event": _typed(
+        id="integer",
+        kind="string",
+        task={"type": ["integer", "null"]},
+        step={"type": ["integer", "null"]},
+        effect={"type": ["string", "null"]},
+        actor="string",
+        data="object",
+        created_at="string",
+    ),
+}
