@@ -78,11 +78,7 @@ def validate(data: Any) -> PlanSpec:
         errors.append("title: at most 200 characters")
     if data.get("schedule") is not None:
         errors.append("schedule: schedules are not supported by this version")
-    raw_steps = data.get("steps")
-    if not isinstance(raw_steps, list) or not raw_steps:
-        errors.append("steps: required, a non-empty list")
-        raw_steps = []
-    steps = validate_steps(raw_steps, errors=errors)
+    steps = validate_steps(data.get("steps"), errors=errors)
     if errors:
         raise PlanError(errors)
     return PlanSpec(title=str(title).strip(), steps=steps)

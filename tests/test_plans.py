@@ -46,6 +46,13 @@ def test_errors_name_step_and_field() -> None:
     assert "step 'd': 'max_attempts' must be a whole number from 1 to 100" in found
 
 
+def test_each_problem_is_named_once() -> None:
+    assert errors_of({"title": 5}) == [
+        "title: required, a non-empty string",
+        "steps: required, a non-empty list",
+    ]
+
+
 def test_side_effect_tool_cannot_be_declared_read_only() -> None:
     found = errors_of(
         {
