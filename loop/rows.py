@@ -1,7 +1,7 @@
 """Cached hand-written SQL for the statements the loop runs for every step.
 
-Django's query compiler costs 0.2-0.8 ms per statement; the loop runs about eight per step,
-while a durable SQLite commit costs about 0.2 ms (bench/loop_overhead.py). These helpers build
+Django's query compiler costs 0.2-0.8 ms per statement; the loop runs three to four per
+read-only step (and a commit per batch of steps, about 0.2 ms on SQLite: bench/loop_overhead.py). These helpers build
 each statement once per shape and convert values with the model fields' own converters, so
 rows read and written here are exactly what the ORM would read and write. Everything runs in
 the caller's transaction; nothing here decides whether a change is allowed.
