@@ -482,6 +482,26 @@ def test_an_agents_side_effect_goes_through_the_outbox_once(
     assert refused.json()["error"].startswith("step: 'look' is read-only")
 
 
+def test_an_effect_the_receiver_refused_for_now_says_when_to_try_again(
+    pippa_agent: Agent,
+) -> None:
+    with Receiver() as sink:
+        sink.behave("429")
+        url = sink.url("/hook")
+        task = make_task(step("post", tool="http.post", args={"url": url}, side_effect=True))
+        taken = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
+        call = {
+            "lease_token": taken["lease_token"],
+            "step": taken["step"]["id"],
+            "tool": "http.post",
+            "args": {"url": url},
+        }
+        later = pippa_agent.post("/api/effects", call)
+    assert later.status_code == 503
+    assert later["Retry-After"] == "7" and later.json()["retry_after"] == 7
+    assert Effect.objects.get(pk=later.json()["effect"]).state == "pending"  # never sent
+
+
 def test_next_probes_a_cut_effect_and_the_agent_gets_its_receipt(
     pippa_agent: Agent, settings: Any
 ) -> None:

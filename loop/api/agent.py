@@ -9,6 +9,7 @@ collides with a worker's, and boot reconciliation never retires it.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -245,8 +246,13 @@ def effect(call: Call) -> HttpResponse:
     except effects.EffectRejected as exc:
         raise ApiError(422, f"tool: {exc}", effect=eid) from None
     except effects.EffectNotSent as exc:
+        wait = exc.retry_after
         raise ApiError(
-            503, f"tool: not sent, try again: {exc}", effect=eid, retry_after=exc.retry_after
+            503,
+            f"tool: not sent, try again: {exc}",
+            headers={"Retry-After": str(math.ceil(wait))} if wait is not None else None,
+            effect=eid,
+            retry_after=wait,
         ) from None
     except effects.StepMustAsk as exc:
         kind, text = questions.did_it_happen(exc.effects)

@@ -41,13 +41,19 @@ TOUCH_EVERY = timedelta(minutes=1)  # how often last_used_at is written, at most
 class ApiError(Exception):
     """Answer with this status and message (which names the field); nothing was changed."""
 
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
         self.extra = extra
 
     def response(self) -> JsonResponse:
-        return error(self.status, str(self), **self.extra)
+        response = error(self.status, str(self), **self.extra)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
 
 
 def error(status: int, message: str, **extra: Any) -> JsonResponse:

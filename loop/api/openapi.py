@@ -31,7 +31,7 @@ def _answers(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
         405: "another method is expected",
         409: "refused in the current state, a lease that moved on, or an Idempotency-Key reused with another body or path",
         422: "the world said no (the effect failed definitively)",
-        503: "not sent; try again (see `retry_after`)",
+        503: "not sent; try again (see `retry_after` and the Retry-After header)",
     }
     responses: dict[str, Any] = {
         str(ok): {"description": "OK", "content": {JSON: {"schema": schema}}}
