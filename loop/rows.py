@@ -54,10 +54,8 @@ def load(
     for_update: bool = False,
 ) -> M | None:
     """The first row matching `where` (SQL over column names, %s placeholders), or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(_select(model, where, order, for_update, " LIMIT 1"), list(params))
-        row = cursor.fetchone()
-    return None if row is None else _instance(model, row)
+    found = _fetch(model, _select(model, where, order, for_update, " LIMIT 1"), params)
+    return found[0] if found else None
 
 
 def load_all(
@@ -69,8 +67,12 @@ def load_all(
     for_update: bool = False,
 ) -> list[M]:
     """Every row matching `where`, in `order`."""
+    return _fetch(model, _select(model, where, order, for_update, ""), params)
+
+
+def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     with connection.cursor() as cursor:
-        cursor.execute(_select(model, where, order, for_update, ""), list(params))
+        cursor.execute(sql, list(params))
         return [_instance(model, row) for row in cursor.fetchall()]
 
 

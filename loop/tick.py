@@ -84,7 +84,6 @@ class StepLifecycle:
     def _claim_batch(self) -> list[Begun]:
         """Inside one transaction: claim up to `batch_size` tasks and begin each. Stops early
         when no task is free, or once a side-effect step is in the batch."""
-        self._claimed_at = time.monotonic()
         batch: list[Begun] = []
         with journal.batched():
             while len(batch) < self.batch_size and not _holds_effects(batch):
@@ -106,8 +105,9 @@ class StepLifecycle:
         `waiting` to run) already holds one."""
         batch: list[Begun] = []
         room = not low_disk_reason()
+        named = _named([started for started, _ in verdicts])
         with transaction.atomic(), journal.batched():
-            self.in_hand = _named([started for started, _ in verdicts])
+            self.in_hand = named
             fences = lease.fenced_all(self.worker_id, [(s.task_id, s.epoch) for s, _ in verdicts])
             for started, verdict in verdicts:
                 self.in_hand = f"task {started.task_id} step '{started.step.key}'"
@@ -121,7 +121,7 @@ class StepLifecycle:
                 )
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
-            self.in_hand = _named([started for started, _ in verdicts])
+            self.in_hand = named  # what a failing COMMIT would lose
         return batch
 
     def _begin(
@@ -139,7 +139,7 @@ class StepLifecycle:
         Without `side_effects`, a side-effect step is left for a later tick."""
         fresh = task is None  # a fresh claim (not a chained start)
         if task is None:
-            self._claimed_at = time.monotonic()
+            self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
             task = rows.load(Task, "id = %s", [task_id])
             assert task is not None
         # Step.objects.open().first(), in plan order (index step_position_unique).

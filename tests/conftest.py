@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import connection, transaction
 
-from loop import actions, plans
+from loop import actions, lease, plans
 from loop.models import Task
 from loop.runner import Runner
+from loop.tick import Started
 
 from .loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
 
@@ -43,6 +44,16 @@ def worker(db: None) -> Runner:
     runner = Runner(label="test")
     runner.boot()
     return runner
+
+
+def claim_and_start(runner: Runner) -> Started:
+    """What a tick does first, alone: claim a task and start its first open step (one commit)."""
+    with transaction.atomic():
+        claimed = lease.claim(runner.worker_id)
+        assert claimed is not None
+        started = runner._begin(*claimed)
+    assert isinstance(started, Started), started
+    return started
 
 
 def run_until_idle(runner: Runner, limit: int = 200) -> int:

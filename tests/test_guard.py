@@ -16,7 +16,7 @@ from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner
 from loop.tick import Started
 
-from .conftest import make_task, run_until_idle, step
+from .conftest import claim_and_start, make_task, run_until_idle, step
 from .cuts import (
     Partway,
     claimed_not_sent,
@@ -162,11 +162,7 @@ def test_an_unconsumed_authorization_is_consumed_in_the_start_commit(
     assert Step.objects.get(pk=pay.pk).authorized_by == "dad"  # not consumed either
     assert "authorization_consumed" not in kinds(task)
 
-    with transaction.atomic():
-        claimed = lease.claim(worker.worker_id)
-        assert claimed is not None
-        started = worker._begin(*claimed)
-    assert isinstance(started, Started)
+    claim_and_start(worker)
     pay.refresh_from_db()
     assert pay.state == "running" and pay.attempts == 1 and pay.authorized_by == ""
     consumed = Event.objects.get(kind="authorization_consumed", step=pay)

@@ -7,23 +7,18 @@ import logging
 import time
 
 import pytest
-from django.db import transaction
 
 from loop import lease
 from loop.models import Task, Worker
 from loop.runner import Runner
 from loop.tick import Started
 
-from .conftest import make_task, step
+from .conftest import claim_and_start, make_task, step
 
 
 def start_one(worker: Runner) -> Started:
     make_task(step("a"))
-    with transaction.atomic():
-        claimed = lease.claim(worker.worker_id)
-        assert claimed is not None
-        started = worker._begin(*claimed)
-    assert isinstance(started, Started)
+    started = claim_and_start(worker)
     worker.in_flight, worker.in_flight_since = [started], time.monotonic()
     return started
 

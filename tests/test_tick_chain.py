@@ -3,24 +3,13 @@ unless the task stopped running, the worker is draining, or the verdict was not 
 
 from __future__ import annotations
 
-from django.db import transaction
-
-from loop import actions, lease
+from loop import actions
 from loop.judges import Verdict
 from loop.models import Event, Task
 from loop.runner import Runner
 from loop.tick import Started
 
-from .conftest import make_task, step
-
-
-def claim_and_start(worker: Runner) -> Started:
-    with transaction.atomic():
-        claimed = lease.claim(worker.worker_id)
-        assert claimed is not None
-        started = worker._begin(*claimed)
-    assert isinstance(started, Started)
-    return started
+from .conftest import claim_and_start, make_task, step
 
 
 def test_a_task_runs_all_its_steps_under_one_claim(worker: Runner) -> None:

@@ -10,7 +10,6 @@ collides with a worker's, and boot reconciliation never retires it.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from django.conf import settings
@@ -39,7 +38,6 @@ class AgentLifecycle(StepLifecycle):
         self.once = True
         self.batch_size = 1
         self.in_hand = ""
-        self._claimed_at = time.monotonic()
 
     @property
     def actor(self) -> str:
@@ -232,16 +230,8 @@ def effect(call: Call) -> HttpResponse:
         raise ApiError(409, _moved_on(started))
     holder = effects.Holder(owner=owner, epoch=started.epoch, actor=call.agent.actor)
     eid = effects.effect_id(step, tool.name, args, key)
-    where = tools.Call(
-        task_id=task.pk,
-        step_id=step.pk,
-        step_key=step.key,
-        attempt=step.attempts,
-        owner=owner,
-        epoch=started.epoch,
-    )
     try:
-        with tools.calling(where):
+        with tools.calling(tools.Call.of(step, owner, started.epoch)):
             output = effects.call(holder, step, tool, args, key)
     except effects.EffectRejected as exc:
         raise ApiError(422, f"tool: {exc}", effect=eid) from None

@@ -16,15 +16,7 @@ log = logging.getLogger("loop.judge")
 
 
 def run(step: Step, holder: effects.Holder) -> Verdict:
-    call = tools.Call(
-        task_id=step.task_id,
-        step_id=step.pk,
-        step_key=step.key,
-        attempt=step.attempts,
-        owner=holder.owner,
-        epoch=holder.epoch,
-    )
-    with tools.calling(call):
+    with tools.calling(tools.Call.of(step, holder.owner, holder.epoch)):
         return _run(step, holder)
 
 

@@ -10,7 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..models import Step
 
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -115,8 +118,12 @@ class Call:
     step_id: int
     step_key: str
     attempt: int
-    owner: int  # the lease holder (a worker's id)
+    owner: int  # the lease holder (a worker's id, or an API agent's negative one)
     epoch: int  # the task's lease epoch: the fencing token of this run
+
+    @classmethod
+    def of(cls, step: Step, owner: int, epoch: int) -> Call:
+        return cls(step.task_id, step.pk, step.key, step.attempts, owner, epoch)
 
 
 _call: ContextVar[Call | None] = ContextVar("loop_tool_call", default=None)
