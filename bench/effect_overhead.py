@@ -3,21 +3,24 @@ transactions on the same disk, and their ratio (issue 3: target 0.5 or more).
 
     .venv/bin/python bench/effect_overhead.py [--steps 500] [--units 2000] [--dir DIR] [--explain]
 
-Each step is an `http.post` to a receiver started here that answers at once, so the figure is
-the loop's own cost per effect: the intent commit, the fenced claim commit, the outcome commit,
-the verdict commit (which also starts the task's next step), and the Python between them. A
-batch holds at most one side-effect step, so these steps run one at a time. The step rate is taken
+Each step is an `http.post` to a sink started here that answers at once, so the figure is the
+loop's own cost per effect: the intent commit, the fenced claim commit, the outcome commit, the
+verdict commit (which also starts the task's next step), and the Python between them. A worker
+takes up to `LOOP_BATCH_EFFECTS` such steps (of different tasks) through those commits together
+and performs their effects at once, as it would in production. The step rate is taken
 from the journal (first `step_started` to last `step_done`), so Django's start-up is not in
 it. The raw rate is plain `sqlite3` in WAL mode with synchronous=FULL, in the same folder:
 one unit = INSERT+COMMIT, UPDATE+COMMIT, UPDATE+COMMIT.
 
 `--explain` then runs 200 more steps through an in-process worker and splits a step's time into
-commits (fsync), executing SQL, the effect itself (the HTTP round trip) and the rest (Python).
+commits (fsync), executing SQL, performing the effects (the batch's HTTP round trips, at once)
+and the rest (Python).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -28,27 +31,55 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Receiver(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Sink:
+    """The local sink: an HTTP/1.1 server that reads each request whole and answers 200 at
+    once, on an event loop in a thread of its own (a thread per connection would make the sink,
+    not the loop, the bottleneck once a worker sends several effects at a time)."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    ANSWER = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n"
+        b'{"ok": true}'
+    )
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def __init__(self) -> None:
+        self.received = 0
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._serve, args=(started,), daemon=True).start()
+        started.wait()
+
+    def _serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._answer, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        started.set()
+        self.loop.run_forever()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                self.received += 1
+                writer.write(self.ANSWER)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed its connection
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def raw_units_per_second(path: Path, units: int) -> float:
@@ -126,11 +157,9 @@ def loop_steps_per_second(folder: Path, steps: int, url: str) -> tuple[float, in
 
 def explain(url: str, steps: int = 200) -> dict[str, Any]:
     """Where a side-effect step's time goes, in an in-process worker (after django.setup)."""
-    import dataclasses
-
     from django.db import connection
 
-    from loop import actions, plans, tools
+    from loop import actions, effects, plans
     from loop.models import Event, EventKind
     from loop.runner import Runner
 
@@ -152,8 +181,7 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
         statements += 1
         return timed("sql", execute)(query, params, many, context)
 
-    post = tools.get("http.post")
-    tools._registry["http.post"] = dataclasses.replace(post, run=timed("effect", post.run))
+    effects._perform = timed("effect", effects._perform)  # the batch's effects, performed at once
     for t in range(steps // 5):
         plan = {
             "title": f"explain {t}",
@@ -198,17 +226,15 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="split a step's time, too")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="effect-overhead-", dir=options.dir or ROOT / "var"))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sink = Sink()
+    url = f"http://127.0.0.1:{sink.port}/hook"
     try:
-        host, port = server.server_address[:2]
         before = raw_units_per_second(folder / "raw-before.sqlite3", options.units)
-        steps, count = loop_steps_per_second(folder, options.steps, f"http://{host}:{port}/hook")
+        steps, count = loop_steps_per_second(folder, options.steps, url)
         after = raw_units_per_second(folder / "raw-after.sqlite3", options.units)
-        split = explain(f"http://{host}:{port}/hook") if options.explain else None
+        split = explain(url) if options.explain else None
     finally:
-        server.shutdown()
+        sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
     raw = (before + after) / 2  # measured before and after the loop, on the same disk
     figures = {

@@ -5,9 +5,14 @@
       uncertain        -> the step must ask "Did this happen?"
     insert `pending` -> COMMIT -> claim `running` (fenced on the task's lease) -> COMMIT
     -> perform -> `succeeded` with the response / `failed` / back to `pending` / `uncertain`
+    -> COMMIT
 
 Nothing is performed inside the transaction that recorded it, and nothing is performed
 without a committed intent: a failed write raises before the world is touched.
+
+`send_all` takes the calls of several steps (a worker's batch) through these phases together,
+so each COMMIT serves them all, and performs the claimed effects at once, one thread each:
+every effect in flight has its own committed claim, as a lone call's would.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from . import journal, lease, rows
@@ -84,40 +90,100 @@ def effect_id(step: Step, tool_name: str, request: dict[str, Any], key: str | No
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+@dataclass(eq=False)
+class Send:
+    """One side-effect call on its way through the outbox, and what became of it: the stored
+    answer (`result`) or the exception its caller gets (`error`)."""
+
+    holder: Holder
+    step: Step
+    tool: Tool
+    args: dict[str, Any]
+    key: str | None = None
+    effect: Effect | None = None
+    result: dict[str, Any] | None = None
+    error: Exception | None = None
+
+    def outcome(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
 def call(
     holder: Holder, step: Step, tool: Tool, args: dict[str, Any], key: str | None = None
 ) -> dict[str, Any]:
     """Perform a side-effect tool call at most once; the stored answer on any repeat."""
-    eid = effect_id(step, tool.name, args, key)
-    effect = rows.load(Effect, "id = %s", [eid])
-    if effect is None:
-        effect = _intend(holder, step, tool, args, eid)
-    elif effect.step_id == step.pk:
-        effect.step = step  # spare the journal a query for it
-    answer = _answer_from_row(holder, effect)
-    if answer is not None:
-        return answer
-    _claim(holder, effect)
-    return _perform(holder, effect, tool, args)
+    one = Send(holder, step, tool, args, key)
+    send_all([one])
+    return one.outcome()
 
 
-def _intend(holder: Holder, step: Step, tool: Tool, args: dict[str, Any], eid: str) -> Effect:
-    target, summary = tool.summary(args)
-    with transaction.atomic():
-        effect = rows.create(
-            Effect,
-            id=eid,
-            task_id=step.task_id,
-            step=step,
-            tool=tool.name,
-            safe_to_repeat=tool.safe_to_repeat,
-            target=target[:500],
-            summary=summary,
-            request=args,
-        )
-        journal.record(
-            EventKind.EFFECT_STATE, step=step, effect=effect, actor=holder.actor, new="pending"
-        )
+def send_all(sends: list[Send]) -> None:
+    """Side-effect calls of different steps, under one lease owner, through the outbox
+    together: their intents in one commit, their fenced claims in one commit, performed at
+    once, their outcomes in one commit. Each send ends with its result or its error. A failed
+    write raises: then nothing was performed that was not claimed, and nothing was claimed
+    without a committed intent."""
+    owners = {send.holder.owner for send in sends}
+    assert len(owners) == 1, f"one lease owner per send_all, not {owners}"
+    claimed = _claim_all(_intend_all(sends))
+    if claimed:
+        _perform_all(claimed)
+
+
+def _intend_all(sends: list[Send]) -> list[Send]:
+    """Look each effect up by its id: a receipt answers at once (nothing is performed); a new
+    one's intent is inserted `pending`. All new intents commit together. The sends to claim."""
+    ids = {send: effect_id(send.step, send.tool.name, send.args, send.key) for send in sends}
+    marks = ", ".join("%s" for _ in sends)
+    found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", list(ids.values()))}
+    due, new = [], []
+    for send in sends:
+        effect = found.get(ids[send])
+        if effect is None:
+            new.append(send)
+            continue
+        if effect.step_id == send.step.pk:
+            effect.step = send.step  # spare the journal a query for it
+        send.effect = effect
+        try:
+            send.result = _answer_from_row(send.holder, effect)
+        except (EffectRejected, StepMustAsk, EffectBusy) as exc:
+            send.error = exc
+            continue
+        if send.result is None:
+            due.append(send)
+    if new:
+        with transaction.atomic(), journal.batched():
+            for send in new:
+                send.effect = _intend(send, ids[send])
+        due += new
+    return due
+
+
+def _intend(send: Send, eid: str) -> Effect:
+    """Inside the caller's transaction: the effect's intent, `pending`."""
+    target, summary = send.tool.summary(send.args)
+    effect = rows.create(
+        Effect,
+        id=eid,
+        task_id=send.step.task_id,
+        step=send.step,
+        tool=send.tool.name,
+        safe_to_repeat=send.tool.safe_to_repeat,
+        target=target[:500],
+        summary=summary,
+        request=send.args,
+    )
+    journal.record(
+        EventKind.EFFECT_STATE,
+        step=send.step,
+        effect=effect,
+        actor=send.holder.actor,
+        new="pending",
+    )
     return effect
 
 
@@ -143,79 +209,155 @@ def _answer_from_row(holder: Holder, effect: Effect) -> dict[str, Any] | None:
     return None
 
 
-def _claim(holder: Holder, effect: Effect) -> None:
-    with transaction.atomic():
-        task = lease.fenced(effect.task_id, holder.owner, holder.epoch)
-        move_effect(
-            effect,
-            "claim",
-            actor=holder.actor,
-            fields={
-                "lease_owner": holder.owner,
-                "lease_epoch": holder.epoch,
-                "lease_until": task.lease_until,
+def _claim_all(due: list[Send]) -> list[Send]:
+    """Each intent to `running`, only while its task's lease is still the holder's; one
+    commit. The sends claimed (the others carry why not)."""
+    if not due:
+        return []
+    claimed = []
+    with transaction.atomic(), journal.batched():
+        owner = due[0].holder.owner
+        fences = lease.fenced_all(owner, [(s.step.task_id, s.holder.epoch) for s in due])
+        for send in due:
+            fence = fences[send.step.task_id]
+            effect = send.effect
+            assert effect is not None
+            if isinstance(fence, lease.LeaseLost):
+                send.error = fence
+                continue
+            fields = {
+                "lease_owner": owner,
+                "lease_epoch": send.holder.epoch,
+                "lease_until": fence.lease_until,
                 "sends": effect.sends + 1,
                 "error": "",
-            },
-        )
+            }
+            try:
+                move_effect(effect, "claim", actor=send.holder.actor, fields=fields)
+            except Conflict as exc:  # settled or claimed meanwhile: the step tries again
+                send.error = exc
+                continue
+            claimed.append(send)
+    return claimed
 
 
-def _perform(holder: Holder, effect: Effect, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+def _perform_all(claimed: list[Send]) -> None:
+    """Perform the claimed effects (at once, when there are several), then record every
+    outcome in one commit; an uncertain one is probed before the step has to ask."""
+    outcomes = _perform(claimed)
+    doubted = []
+    with transaction.atomic(), journal.batched():
+        for send, (response, exc) in zip(claimed, outcomes, strict=True):
+            if _settle_outcome(send, response, exc):
+                doubted.append(send)
+    for send in doubted:
+        assert send.effect is not None
+        if probe_and_settle(send.effect, send.tool, actor=send.holder.actor):
+            send.result, send.error = dict(send.effect.response or {}), None
+
+
+Outcome = tuple[dict[str, Any] | None, Exception | None]
+
+
+def _perform(claimed: list[Send]) -> list[Outcome]:
+    """Each tool's response, or what it raised; several at once, a thread each."""
+    if len(claimed) == 1:
+        return [_run(claimed[0])]
+    return list(_pool().map(_run_apart, claimed))
+
+
+def _run(send: Send) -> Outcome:
+    """The tool, performing the effect: its response, or what it raised."""
+    from .tools import Call, calling
+
+    assert send.effect is not None
+    try:
+        with calling(Call.of(send.step, send.holder.owner, send.holder.epoch)):
+            return send.tool.run(send.args, send.effect.pk), None
+    except Exception as exc:
+        return None, exc
+
+
+def _run_apart(send: Send) -> Outcome:
+    """`_run` in a thread of the pool: any database connection the tool opened is closed."""
+    try:
+        return _run(send)
+    finally:
+        connections.close_all()
+
+
+_threads: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _threads
+    if _threads is None:
+        _threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="effect")
+    return _threads
+
+
+def _settle_outcome(send: Send, response: dict[str, Any] | None, exc: Exception | None) -> bool:
+    """Inside the outcome commit: the effect's state by what the tool reported (DESIGN.md §6),
+    and the send's result or error. True if the effect is now uncertain (worth a probe)."""
     from .tools import ToolError
 
+    effect = send.effect
+    assert effect is not None
+    holder = send.holder
     mine = {"lease_owner": holder.owner, "lease_epoch": holder.epoch}
-    try:
-        response = tool.run(args, effect.pk)
-    except EffectNotSent as exc:
+    if exc is None:
+        _settle(effect, "succeed", holder, mine, {"response": response})
+        send.result = dict(effect.response or {})
+    elif isinstance(exc, EffectNotSent):
         _settle(effect, "not_sent", holder, mine, {"error": str(exc)})
-        raise
-    except (EffectRejected, ToolError) as exc:
+        send.error = exc
+    elif isinstance(exc, EffectRejected | ToolError):
         _settle(effect, "reject", holder, mine, {"error": str(exc)})
-        raise EffectRejected(str(exc)) from exc
-    except Exception as exc:  # anything else: it may have happened
-        if tool.safe_to_repeat:
-            # Performing it again is harmless (§5): no question, back to `pending` and retry.
-            log.warning("effect %s %s failed, will repeat: %r", effect.tool, effect.target, exc)
-            _settle(effect, "requeue", holder, mine, {"error": f"{type(exc).__name__}: {exc}"})
-            raise EffectNotSent(f"{type(exc).__name__}: {exc} (safe to repeat)") from exc
+        send.error = EffectRejected(str(exc))
+        send.error.__cause__ = exc
+    elif send.tool.safe_to_repeat:
+        # Performing it again is harmless (§5): no question, back to `pending` and retry.
+        log.warning("effect %s %s failed, will repeat: %r", effect.tool, effect.target, exc)
+        _settle(effect, "requeue", holder, mine, {"error": f"{type(exc).__name__}: {exc}"})
+        send.error = EffectNotSent(f"{type(exc).__name__}: {exc} (safe to repeat)")
+        send.error.__cause__ = exc
+    else:  # anything else: it may have happened
         log.warning("effect %s %s uncertain: %r", effect.tool, effect.target, exc)
-        _settle(
-            effect, "doubt", holder, mine, {"error": f"{type(exc).__name__}: {exc}", "evidence": ""}
-        )
-        if probe_and_settle(effect, tool, actor=holder.actor):
-            return dict(effect.response or {})
-        raise StepMustAsk([effect]) from exc
-    _settle(effect, "succeed", holder, mine, {"response": response})
-    return dict(effect.response or {})
+        fields = {"error": f"{type(exc).__name__}: {exc}", "evidence": ""}
+        _settle(effect, "doubt", holder, mine, fields)
+        send.error = StepMustAsk([effect])
+        send.error.__cause__ = exc
+        return effect.state == EffectState.UNCERTAIN
+    return False
 
 
 def _settle(
     effect: Effect, event: str, holder: Holder, mine: dict[str, Any], fields: dict[str, Any]
 ) -> None:
-    """Record the outcome if the claim is still ours; a late report is journaled instead, and a
-    late success settles an effect that was meanwhile marked uncertain (it did happen)."""
-    with transaction.atomic():
-        try:
-            move_effect(effect, event, actor=holder.actor, fields=fields, where=mine)
-            return
-        except Conflict:
-            current = Effect.objects.select_for_update().get(pk=effect.pk)
-            journal.record(
-                EventKind.LATE_RESULT,
-                step=effect.step,
-                effect=current,
+    """Inside the caller's transaction: record the outcome if the claim is still ours; a late
+    report is journaled instead, and a late success settles an effect that was meanwhile
+    marked uncertain (it did happen)."""
+    try:
+        move_effect(effect, event, actor=holder.actor, fields=fields, where=mine)
+        return
+    except Conflict:
+        current = Effect.objects.select_for_update().get(pk=effect.pk)
+        journal.record(
+            EventKind.LATE_RESULT,
+            step=effect.step,
+            effect=current,
+            actor=holder.actor,
+            outcome=event,
+            found=current.state,
+        )
+        if event == "succeed" and current.state == EffectState.UNCERTAIN:
+            move_effect(
+                current,
+                "succeed",
                 actor=holder.actor,
-                outcome=event,
-                found=current.state,
+                fields={**fields, "evidence": f"late report from {holder.actor}"},
             )
-            if event == "succeed" and current.state == EffectState.UNCERTAIN:
-                move_effect(
-                    current,
-                    "succeed",
-                    actor=holder.actor,
-                    fields={**fields, "evidence": f"late report from {holder.actor}"},
-                )
-            effect.refresh_from_db()
+        effect.refresh_from_db()
 
 
 def doubt(effect: Effect, *, actor: str, why: str) -> None:

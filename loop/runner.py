@@ -2,7 +2,7 @@
 and renews the live step's lease, parks on low disk, drains on the first signal.
 
 tick = claim + guard + start, for a batch of tasks  (one commit)
-     → judge each step (effects commit on their own)
+     → judge each step (the side-effect steps' calls share the outbox's commits)
      → the verdicts, each fenced on its lease epoch (one commit, which also starts next steps)
 
 The transactions of a step's life, and the batch's rules, are in `loop/tick.py`.
@@ -34,7 +34,7 @@ from .models import (
     Worker,
     WorkerState,
 )
-from .tick import Begun, NeedsProbe, Started, StepLifecycle
+from .tick import Begun, NeedsProbe, Started, StepLifecycle, named
 
 log = logging.getLogger("loop.runner")
 
@@ -44,6 +44,7 @@ class Runner(StepLifecycle):
         self.label = label
         self.once = once
         self.batch_size = 1 if once else (batch or settings.LOOP_BATCH)
+        self.effects_size = min(self.batch_size, settings.LOOP_BATCH_EFFECTS)
         self.worker: Worker | None = None
         self.stopping = False
         self.parked_reason = ""
@@ -212,22 +213,35 @@ class Runner(StepLifecycle):
         return batch
 
     def _judge(self, batch: list[Started]) -> tuple[list[tuple[Started, Verdict]], list[Started]]:
-        """Each step through the judge, the side-effect step (at most one) last; the verdicts,
-        and the steps not yet run. After `LOOP_CHAIN_SECONDS` the verdicts so far go to be
-        committed before the rest run, so a slow step keeps no finished one waiting long."""
-        ordered = sorted(batch, key=lambda s: s.step.side_effect)
+        """The read-only steps through the judge in turn, then the side-effect steps together;
+        the verdicts, and the steps not yet run. After `LOOP_CHAIN_SECONDS` the verdicts so far
+        go to be committed before the rest run, so a slow step keeps no finished one waiting."""
+        plain = [s for s in batch if not s.step.side_effect]
+        effectful = [s for s in batch if s.step.side_effect]
         began = time.monotonic()
         verdicts: list[tuple[Started, Verdict]] = []
-        for n, started in enumerate(ordered):
+        for n, started in enumerate(plain):
             if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
-                return verdicts, ordered[n:]
+                return verdicts, plain[n:] + effectful
             self.in_hand = f"task {started.task_id} step '{started.step.key}'"
-            holder = effects.Holder(self.worker_id, started.epoch, self.actor)
-            try:
-                verdicts.append((started, tool_judge.run(started.step, holder)))
-            except lease.LeaseLost as exc:  # its new holder finishes it; the others go on
-                log.warning("%s", exc)
+            self._judged(verdicts, [started])
+        if effectful:
+            if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
+                return verdicts, effectful
+            self.in_hand = named(effectful)
+            self._judged(verdicts, effectful)
         return verdicts, []
+
+    def _judged(self, verdicts: list[tuple[Started, Verdict]], steps: list[Started]) -> None:
+        """These steps through the judge, their verdicts added to `verdicts`; a step whose
+        lease moved on is dropped (its new holder finishes it), the others go on."""
+        holders = [effects.Holder(self.worker_id, s.epoch, self.actor) for s in steps]
+        judged = tool_judge.run_all([(s.step, h) for s, h in zip(steps, holders, strict=True)])
+        for started, verdict in zip(steps, judged, strict=True):
+            if isinstance(verdict, lease.LeaseLost):
+                log.warning("%s", verdict)
+            else:
+                verdicts.append((started, verdict))
 
     @property
     def worker_id(self) -> int:

@@ -8,15 +8,17 @@ A tick moves a batch of up to `LOOP_BATCH` tasks a step each, so one commit serv
     → judge each step                         (its effects commit on their own)
     → each verdict fenced on its lease epoch, and each next start   (one commit)
 
-Read-only steps share a batch freely; at most one side-effect step is ever in a batch, and it
-runs last, so a crash leaves at most one effect's step to settle by §5. Read-only steps cut
-by a crash simply run again.
+Read-only steps share a batch freely and run first, in turn. Up to `LOOP_BATCH_EFFECTS`
+side-effect steps join a batch; they run last and together, their calls sharing the outbox's
+commits (`effects.send_all`), so a crash leaves at most that many effects to settle by §5.
+Read-only steps cut by a crash simply run again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -48,7 +50,7 @@ LATE = Late()
 
 
 class Deferred:
-    """A side-effect step not started because the batch already holds one; lease let go."""
+    """A side-effect step not started because the batch holds enough; lease let go."""
 
 
 DEFERRED = Deferred()
@@ -70,6 +72,7 @@ class StepLifecycle:
     stopping: bool
     once: bool
     batch_size: int
+    effects_size: int
     in_hand: str
     _claimed_at: float
 
@@ -83,10 +86,10 @@ class StepLifecycle:
 
     def _claim_batch(self) -> list[Begun]:
         """Inside one transaction: claim up to `batch_size` tasks and begin each. Stops early
-        when no task is free, or once a side-effect step is in the batch."""
+        when no task is free, or once the batch holds `effects_size` side-effect steps."""
         batch: list[Begun] = []
         with journal.batched():
-            while len(batch) < self.batch_size and not _holds_effects(batch):
+            while len(batch) < self.batch_size and _effect_steps(batch) < self.effects_size:
                 self.in_hand = ""  # a failure here is in "claiming a task"
                 claimed = lease.claim(self.worker_id)
                 if claimed is None:
@@ -94,7 +97,7 @@ class StepLifecycle:
                 begun = self._begin(*claimed)
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
-            self.in_hand = _named(batch)  # what the rest of its transaction would start
+            self.in_hand = named(batch)  # what the rest of its transaction would start
         return batch
 
     def _commit_batch(
@@ -102,26 +105,26 @@ class StepLifecycle:
     ) -> list[Begun]:
         """These verdicts, each fenced, in one transaction; with each `done` the start of that
         task's next step, unless it has side effects and the batch (with the steps still
-        `waiting` to run) already holds one."""
+        `waiting` to run) already holds `effects_size` such steps."""
         batch: list[Begun] = []
         room = not low_disk_reason()
-        named = _named([started for started, _ in verdicts])
+        names = named([started for started, _ in verdicts])
         with transaction.atomic(), journal.batched():
-            self.in_hand = named
+            self.in_hand = names
             fences = lease.fenced_all(self.worker_id, [(s.task_id, s.epoch) for s, _ in verdicts])
             for started, verdict in verdicts:
                 self.in_hand = f"task {started.task_id} step '{started.step.key}'"
-                effectful = _holds_effects([*waiting, *batch])
+                room_for_effects = _effect_steps([*waiting, *batch]) < self.effects_size
                 begun = self._verdict(
                     started,
                     verdict,
                     fences[started.task_id],
                     chain=not self.once and room,
-                    side_effects=not effectful,
+                    side_effects=room_for_effects,
                 )
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
-            self.in_hand = named  # what a failing COMMIT would lose
+            self.in_hand = names  # what a failing COMMIT would lose
         return batch
 
     def _begin(
@@ -375,16 +378,16 @@ class StepLifecycle:
             actions.after_step_failed(task, actor=self.actor)
 
 
-def _named(batch: list[Begun]) -> str:
+def named(batch: Sequence[Begun]) -> str:
     return ", ".join(
         f"task {b.task_id} step '{b.step.key}'" if isinstance(b, Started) else f"task {b.task_id}"
         for b in batch
     )
 
 
-def _holds_effects(batch: list[Begun]) -> bool:
-    """Whether a side-effect step is in the batch (a step to probe is one)."""
-    return any(isinstance(b, NeedsProbe) or b.step.side_effect for b in batch)
+def _effect_steps(batch: list[Begun]) -> int:
+    """How many side-effect steps the batch holds (a step to probe is one)."""
+    return sum(isinstance(b, NeedsProbe) or b.step.side_effect for b in batch)
 
 
 def _live(effect: Effect, now: datetime) -> bool:

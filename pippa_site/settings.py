@@ -202,11 +202,15 @@ LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30)
 # A worker runs a task's next step in the commit of the last one's verdict for up to this long,
 # then lets the lease go so other tasks get a turn.
 LOOP_CHAIN_SECONDS = float(os.environ.get("LOOP_CHAIN_SECONDS", "1"))
-# A worker moves up to this many tasks a step each per commit (read-only steps; at most one
-# side-effect step per batch). 1 runs one step at a time.
+# A worker moves up to this many tasks a step each per commit. 1 runs one step at a time.
 LOOP_BATCH = env_int("LOOP_BATCH", 8)
 if not 1 <= LOOP_BATCH <= 256:
     raise ImproperlyConfigured("LOOP_BATCH must be between 1 and 256")
+# Side-effect steps a worker performs at once (at most LOOP_BATCH), sharing the outbox's
+# commits: a crash leaves at most this many effects of a worker to settle; 1 sends one at a time.
+LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8)
+if not 1 <= LOOP_BATCH_EFFECTS <= 256:
+    raise ImproperlyConfigured("LOOP_BATCH_EFFECTS must be between 1 and 256")
 LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
 LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", 60)
 LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)

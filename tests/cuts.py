@@ -81,8 +81,7 @@ def claimed_not_sent(step: Step, holder: effects.Holder) -> None:
 
 
 def intent_only(step: Step, holder: effects.Holder) -> None:
-    tool = tools.get(step.tool)
-    effects._intend(holder, step, tool, step.args, effects.effect_id(step, tool.name, step.args))
+    effects._intend_all([effects.Send(holder, step, tools.get(step.tool), step.args)])
     raise Killed
 
 

@@ -1,6 +1,6 @@
 """A tick moves a batch of tasks a step each per commit (DESIGN.md §4): every step's start is
-committed before it runs, and at most one side-effect step is ever in flight, so a crash
-leaves at most one effect's step to settle."""
+committed before it runs; up to LOOP_BATCH_EFFECTS side-effect steps run together, after the
+read-only ones, sharing the outbox's commits, each effect claimed before it is performed."""
 
 from __future__ import annotations
 
@@ -58,16 +58,46 @@ def test_three_tasks_move_a_step_each_per_commit(worker: Runner, commits: list[i
     assert kinds == ["step_started"] * 3 + ["step_done", "step_started"] * 3 + ["step_done"] * 3
 
 
-def test_a_batch_holds_at_most_one_side_effect_step_and_runs_it_last(worker: Runner) -> None:
+def test_side_effect_steps_run_last_and_together_sharing_the_outbox_commits(
+    worker: Runner, commits: list[int]
+) -> None:
+    for n in range(3):
+        make_task(seen(f"r{n}"), title=f"plain {n}")
+    for n in range(4):
+        make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"effect {n}")
+    commits.clear()
+    assert worker.tick() is True
+    # claim + starts; the four intents; their four claims; their outcomes; the verdicts.
+    assert len(commits) == 5
+    effect_keys = [f"e{n}" for n in range(4)]
+    for effectful in Step.objects.filter(side_effect=True):
+        assert effectful.state == "done"
+        # All four were in flight at once, each with its own committed claim.
+        assert effectful.output["running_side_effect"] == effect_keys
+        assert effectful.output["effects_running"] == 4
+    for plain in Step.objects.filter(side_effect=False):
+        assert plain.output["running_side_effect"] == effect_keys  # started, not yet run
+    assert set(Effect.objects.values_list("state", "sends")) == {("succeeded", 1)}
+
+
+def test_a_batch_holds_at_most_loop_batch_effects_side_effect_steps(
+    db: None, settings: Any
+) -> None:
+    settings.LOOP_BATCH_EFFECTS = 2
+    worker = Runner(label="two at a time")
+    worker.boot()
     for n in range(3):
         make_task(seen(f"r{n}"), step(f"e{n}", "test.seen_effect", args={}), title=f"t{n}")
     make_task(step("e-first", "test.seen_effect", args={}), title="effect first")
     run_until_idle(worker)
     assert set(Step.objects.values_list("state", flat=True)) == {"done"}
     for effectful in Step.objects.filter(side_effect=True):
-        assert effectful.output["running_side_effect"] == [effectful.key]
+        assert effectful.key in effectful.output["running_side_effect"]
+        assert len(effectful.output["running_side_effect"]) <= 2
+        assert effectful.output["effects_running"] <= 2
     for plain in Step.objects.filter(side_effect=False):
-        assert len(plain.output["running_side_effect"]) <= 1
+        assert len(plain.output["running_side_effect"]) <= 2
+    assert max(len(s.output["running"]) for s in Step.objects.all()) > 2  # batches still mix
 
 
 def test_a_batch_of_one_runs_one_step_at_a_time(db: None) -> None:

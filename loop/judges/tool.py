@@ -1,9 +1,16 @@
 """The tool judge (default, no network of its own): run the step's tool with its args, the
-args' `${key.path}` references filled from earlier steps' outputs."""
+args' `${key.path}` references filled from earlier steps' outputs.
+
+`run_all` judges several steps (a worker's batch): read-only tools run in turn, and the
+side-effect calls go through the outbox together (`effects.send_all`), sharing its commits.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 from django.db import DatabaseError
 
@@ -13,40 +20,72 @@ from ..models import Step, StepState
 from . import Verdict
 
 log = logging.getLogger("loop.judge")
+T = TypeVar("T")
 
 
 def run(step: Step, holder: effects.Holder) -> Verdict:
-    with tools.calling(tools.Call.of(step, holder.owner, holder.epoch)):
-        return _run(step, holder)
+    [verdict] = run_all([(step, holder)])
+    if isinstance(verdict, LeaseLost):
+        raise verdict
+    return verdict
 
 
-def _run(step: Step, holder: effects.Holder) -> Verdict:
+def run_all(steps: list[tuple[Step, effects.Holder]]) -> list[Verdict | LeaseLost]:
+    """Each step's verdict, in order; LeaseLost for a step whose lease moved on (its new
+    holder finishes it). A failed write raises (DatabaseError): the runner's business."""
+    prepared: list[Verdict | LeaseLost | effects.Send] = []
+    for step, holder in steps:
+        with tools.calling(tools.Call.of(step, holder.owner, holder.epoch)):
+            prepared.append(_judged(step, partial(_prepare, step, holder)))
+    sends = [p for p in prepared if isinstance(p, effects.Send)]
+    if sends:
+        effects.send_all(sends)
+    return [
+        _judged(p.step, partial(_answered, p)) if isinstance(p, effects.Send) else p
+        for p in prepared
+    ]
+
+
+def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Send:
+    """A read-only call runs now; a side-effect call is handed back, to go to the outbox."""
+    where = f"step '{step.key}'"
+    tool = tools.get(step.tool)
+    args = step.args
+    if plans.references(args):
+        outputs = dict(
+            Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list(
+                "key", "output"
+            )
+        )
+        args = plans.resolve(args, outputs)
+    problems = tool.check_args(args, where)
+    if problems:
+        return Verdict.failed("; ".join(problems))
+    reason = tool.disabled()
+    if reason:
+        return Verdict.failed(f"{where}: tool '{tool.name}' is off: {reason}")
+    if not tool.side_effect:
+        return Verdict.done(tool.run(args))
+    if not step.side_effect:
+        return Verdict.failed(
+            f"{where} is read-only, but tool '{tool.name}' has side effects: nothing was sent"
+        )
+    return effects.Send(holder, step, tool, args)
+
+
+def _answered(send: effects.Send) -> Verdict:
+    return Verdict.done(send.outcome())
+
+
+def _judged(step: Step, judge: Callable[[], T]) -> T | Verdict | LeaseLost:
+    """What `judge` returns, or the verdict its exception means."""
     where = f"step '{step.key}'"
     try:
-        tool = tools.get(step.tool)
-        args = step.args
-        if plans.references(args):
-            outputs = dict(
-                Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list(
-                    "key", "output"
-                )
-            )
-            args = plans.resolve(args, outputs)
-        problems = tool.check_args(args, where)
-        if problems:
-            return Verdict.failed("; ".join(problems))
-        reason = tool.disabled()
-        if reason:
-            return Verdict.failed(f"{where}: tool '{tool.name}' is off: {reason}")
-        if not tool.side_effect:
-            return Verdict.done(tool.run(args))
-        if not step.side_effect:
-            return Verdict.failed(
-                f"{where} is read-only, but tool '{tool.name}' has side effects: nothing was sent"
-            )
-        return Verdict.done(effects.call(holder, step, tool, args))
-    except (DatabaseError, LeaseLost):
-        raise  # the runner's business: a write failed, or the lease moved on
+        return judge()
+    except LeaseLost as exc:
+        return exc
+    except DatabaseError:
+        raise  # the runner's business: a write failed
     except (tools.ToolError, effects.EffectRejected) as exc:
         return Verdict.failed(f"{where}: {exc}")
     except effects.EffectNotSent as exc:

@@ -87,12 +87,15 @@ def _seen() -> dict[str, Any]:
             (state,) = cursor.fetchone()
             cursor.execute("SELECT key, side_effect FROM loop_step WHERE state = 'running'")
             running = cursor.fetchall()
+            cursor.execute("SELECT count(*) FROM loop_effect WHERE state = 'running'")
+            (effects_running,) = cursor.fetchone()
     finally:
         other.close()
     return {
         "state": state,
         "running": sorted(key for key, _ in running),
         "running_side_effect": sorted(key for key, effectful in running if effectful),
+        "effects_running": effects_running,  # claimed, committed, not yet settled
     }
 
 
