@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import journal, plans
+from . import journal, plans, rows
 from .models import (
     EffectState,
     EventKind,
@@ -52,7 +52,7 @@ def follow(task: Task, *, actor: str) -> None:
     running when it is not, done or failed when nothing runnable remains. In a transaction."""
     if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED, TaskState.PLANNING):
         return
-    steps = list(task.steps.order_by("position").values_list("state", "waived"))
+    steps = rows.values(Step, ("state", "waived"), "task_id = %s", [task.pk], order="position")
     open_states = [state for state, _ in steps if state in OPEN_STEP_STATES]
     if not open_states:
         settled = all(state == StepState.DONE or waived for state, waived in steps)

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from . import journal, lease, rows
 from .models import Effect, EffectState, EventKind, Step
-from .transitions import Conflict, move_effect
+from .transitions import Conflict, move_effect, move_effects
 
 if TYPE_CHECKING:
     from .tools import Tool
@@ -157,34 +157,34 @@ def _intend_all(sends: list[Send]) -> list[Send]:
             due.append(send)
     if new:
         with transaction.atomic(), journal.batched():
-            for send in new:
-                send.effect = _intend(send, ids[send])
+            intents = rows.create_many(Effect, [_intent(send, ids[send]) for send in new])
+            for send, effect in zip(new, intents, strict=True):
+                effect.step = send.step
+                send.effect = effect
+                journal.record(
+                    EventKind.EFFECT_STATE,
+                    step=send.step,
+                    effect=effect,
+                    actor=send.holder.actor,
+                    new="pending",
+                )
         due += new
     return due
 
 
-def _intend(send: Send, eid: str) -> Effect:
-    """Inside the caller's transaction: the effect's intent, `pending`."""
+def _intent(send: Send, eid: str) -> dict[str, Any]:
+    """The row of the effect's intent, `pending`."""
     target, summary = send.tool.summary(send.args)
-    effect = rows.create(
-        Effect,
-        id=eid,
-        task_id=send.step.task_id,
-        step=send.step,
-        tool=send.tool.name,
-        safe_to_repeat=send.tool.safe_to_repeat,
-        target=target[:500],
-        summary=summary,
-        request=send.args,
-    )
-    journal.record(
-        EventKind.EFFECT_STATE,
-        step=send.step,
-        effect=effect,
-        actor=send.holder.actor,
-        new="pending",
-    )
-    return effect
+    return {
+        "id": eid,
+        "task_id": send.step.task_id,
+        "step_id": send.step.pk,
+        "tool": send.tool.name,
+        "safe_to_repeat": send.tool.safe_to_repeat,
+        "target": target[:500],
+        "summary": summary,
+        "request": send.args,
+    }
 
 
 def _answer_from_row(holder: Holder, effect: Effect) -> dict[str, Any] | None:
@@ -214,31 +214,51 @@ def _claim_all(due: list[Send]) -> list[Send]:
     commit. The sends claimed (the others carry why not)."""
     if not due:
         return []
-    claimed = []
+    claimed, fields = [], []
     with transaction.atomic(), journal.batched():
         owner = due[0].holder.owner
         fences = lease.fenced_all(owner, [(s.step.task_id, s.holder.epoch) for s in due])
         for send in due:
             fence = fences[send.step.task_id]
-            effect = send.effect
-            assert effect is not None
+            assert send.effect is not None
             if isinstance(fence, lease.LeaseLost):
                 send.error = fence
                 continue
-            fields = {
-                "lease_owner": owner,
-                "lease_epoch": send.holder.epoch,
-                "lease_until": fence.lease_until,
-                "sends": effect.sends + 1,
-                "error": "",
-            }
+            claimed.append(send)
+            fields.append(
+                {
+                    "lease_owner": owner,
+                    "lease_epoch": send.holder.epoch,
+                    "lease_until": fence.lease_until,
+                    "sends": send.effect.sends + 1,
+                    "error": "",
+                }
+            )
+        if _moved_together(claimed, "claim", fields, [{} for _ in claimed]):
+            return claimed
+        for send, sets in zip(list(claimed), fields, strict=True):
+            assert send.effect is not None
             try:
-                move_effect(effect, "claim", actor=send.holder.actor, fields=fields)
+                move_effect(send.effect, "claim", actor=send.holder.actor, fields=sets)
             except Conflict as exc:  # settled or claimed meanwhile: the step tries again
                 send.error = exc
-                continue
-            claimed.append(send)
+                claimed.remove(send)
     return claimed
+
+
+def _moved_together(
+    sends: list[Send], event: str, fields: list[dict[str, Any]], where: list[dict[str, Any]]
+) -> bool:
+    """Move the sends' effects (all in one state) in one statement; False if any one of them
+    had moved meanwhile (then none did, and the caller moves them one by one)."""
+    effects = [send.effect for send in sends if send.effect is not None]
+    if len(effects) < 2 or len({e.state for e in effects}) > 1 or len(effects) < len(sends):
+        return False
+    try:
+        move_effects(effects, event, actor=sends[0].holder.actor, fields=fields, where=where)
+    except Conflict:
+        return False
+    return True
 
 
 def _perform_all(claimed: list[Send]) -> None:
@@ -247,6 +267,16 @@ def _perform_all(claimed: list[Send]) -> None:
     outcomes = _perform(claimed)
     doubted = []
     with transaction.atomic(), journal.batched():
+        # The usual case, every effect done, in one statement; any other outcome one by one.
+        done = [send for send, (_, exc) in zip(claimed, outcomes, strict=True) if exc is None]
+        mine = [{"lease_owner": s.holder.owner, "lease_epoch": s.holder.epoch} for s in done]
+        responses = [{"response": response} for response, exc in outcomes if exc is None]
+        if _moved_together(done, "succeed", responses, mine):
+            for send in done:
+                assert send.effect is not None
+                send.result = dict(send.effect.response or {})
+            outcomes = [o for o in outcomes if o[1] is not None]
+            claimed = [send for send in claimed if send.result is None]
         for send, (response, exc) in zip(claimed, outcomes, strict=True):
             if _settle_outcome(send, response, exc):
                 doubted.append(send)

@@ -128,6 +128,6 @@ def renew(task_id: int, owner: int, epoch: int, *, seconds: int | None = None) -
 def release(task: Task) -> None:
     """Give the lease up (inside the caller's fenced transaction). The epoch stays: the next
     claim bumps it."""
-    Task.objects.filter(pk=task.pk).update(lease_owner=None, lease_until=None)
+    rows.update(Task, {"lease_owner": None, "lease_until": None}, {"id": task.pk})
     task.lease_owner = None
     task.lease_until = None

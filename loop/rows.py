@@ -10,6 +10,7 @@ the caller's transaction; nothing here decides whether a change is allowed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
@@ -70,6 +71,46 @@ def load_all(
     return _fetch(model, _select(model, where, order, for_update, ""), params)
 
 
+def values(
+    model: type[Model],
+    names: tuple[str, ...],
+    where: str,
+    params: Sequence[Any],
+    *,
+    order: str = "",
+) -> list[tuple[Any, ...]]:
+    """These fields of every row matching `where`, in `order`, as the ORM would read them."""
+    sql, converters = _values(model, names, where, order)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        found = cursor.fetchall()
+    return [
+        tuple(
+            _converted(value, col, convert)
+            for value, (col, convert) in zip(row, converters, strict=True)
+        )
+        for row in found
+    ]
+
+
+@cache
+def _values(
+    model: type[Model], names: tuple[str, ...], where: str, order: str
+) -> tuple[str, list[tuple[Any, list[Converter]]]]:
+    fields = [_field(model, name) for name in names]
+    columns = ", ".join(_q(f.column) for f in fields)
+    tail = f" ORDER BY {order}" if order else ""
+    sql = f"SELECT {columns} FROM {_q(model._meta.db_table)} WHERE {where}{tail}"  # noqa: S608
+    by_field = dict(zip(model._meta.concrete_fields, _converters(model), strict=True))
+    return sql, [by_field[f] for f in fields]
+
+
+def _converted(value: Any, col: Any, converters: list[Converter]) -> Any:
+    for convert in converters:
+        value = convert(value, col, connection)
+    return value
+
+
 def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
@@ -77,11 +118,10 @@ def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
 
 
 def _instance(model: type[M], row: Sequence[Any]) -> M:
-    values = []
-    for value, (col, converters) in zip(row, _converters(model), strict=True):
-        for convert in converters:
-            value = convert(value, col, connection)
-        values.append(value)
+    values = [
+        _converted(value, col, converters)
+        for value, (col, converters) in zip(row, _converters(model), strict=True)
+    ]
     return model.from_db(connection.alias, None, values)  # type: ignore[arg-type]
 
 
@@ -93,19 +133,29 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
 
 
 @cache
-def _as_is(field: Field[Any, Any]) -> type | None:
-    """The plain Python type the database takes as it is for this field, if any."""
+def _kind(field: Field[Any, Any]) -> tuple[type | None, str]:
+    """The plain Python type the database takes as it is for this field (if any), and how
+    other values are adapted: "datetime", "json" or "field" (the field's own way)."""
     if isinstance(field, models.CharField | models.TextField):
-        return str
+        return str, "field"
     if isinstance(field, models.IntegerField | models.BooleanField):
-        return int  # bool is an int
-    return None
+        return int, "field"  # bool is an int
+    if isinstance(field, models.DateTimeField):
+        return None, "datetime"
+    if isinstance(field, models.JSONField):
+        return None, "json"
+    return None, "field"
 
 
 def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
-    plain = _as_is(field)
+    """The value as the database takes it, as `field.get_db_prep_save` would give it."""
+    plain, how = _kind(field)
     if value is None or (plain is not None and isinstance(value, plain)):
         return value
+    if how == "datetime" and isinstance(value, datetime) and value.tzinfo is not None:
+        return conn.ops.adapt_datetimefield_value(value)
+    if how == "json" and not hasattr(value, "as_sql"):
+        return conn.ops.adapt_json_value(value, field.encoder)  # type: ignore[attr-defined]
     if isinstance(value, Model):
         value = value.pk
     return field.get_db_prep_save(value, conn)
@@ -128,13 +178,30 @@ def _update(
 
 def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
     """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count."""
+    return update_many(model, [changes], [where])
+
+
+def update_many(
+    model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]]
+) -> int:
+    """`update` for several rows, each with its own values for the same columns and
+    conditions, in one statement (executemany); the total row count."""
     conn = connections["default"]
-    conds = tuple((name, value is None) for name, value in where.items())
-    sql, fields = _update(model, tuple(changes), conds)
-    values = [*changes.values(), *(v for v in where.values() if v is not None)]
-    params = [_prep(field, value, conn) for field, value in zip(fields, values, strict=True)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    conds = tuple((name, value is None) for name, value in where[0].items())
+    sql, fields = _update(model, tuple(changes[0]), conds)
+    params = []
+    for sets, match in zip(changes, where, strict=True):
+        assert tuple(sets) == tuple(changes[0]), "one statement: the same columns for every row"
+        assert tuple((n, v is None) for n, v in match.items()) == conds, "and the same conditions"
+        values = [*sets.values(), *(v for v in match.values() if v is not None)]
+        params.append(
+            [_prep(field, value, conn) for field, value in zip(fields, values, strict=True)]
+        )
+    with conn.cursor() as cursor:
+        if len(params) == 1:
+            cursor.execute(sql, params[0])
+        else:
+            cursor.executemany(sql, params)
         return cursor.rowcount
 
 
@@ -166,3 +233,18 @@ def create(model: type[M], **values: Any) -> M:
     obj._state.adding = False
     obj._state.db = connection.alias
     return obj
+
+
+def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
+    """`create` for several rows whose primary keys are given, in one statement."""
+    conn = connections["default"]
+    objs = [model(**one) for one in values]
+    fields = model._meta.concrete_fields
+    names = tuple(f.name for f in fields)
+    params = [[_prep(f, getattr(obj, f.attname), conn) for f in fields] for obj in objs]
+    with conn.cursor() as cursor:
+        cursor.executemany(insert_sql(model, names, returning=False), params)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = conn.alias
+    return objs

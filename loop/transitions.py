@@ -7,8 +7,11 @@ moved under us (someone else won) raises `Conflict`; an illegal move raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from . import journal, rows
@@ -26,15 +29,36 @@ def _cas(
     fields: dict[str, Any],
     where: dict[str, Any] | None = None,
 ) -> None:
-    model = type(obj)
-    changes = {"state": new_state, **fields}
-    if hasattr(obj, "updated_at"):
-        changes.setdefault("updated_at", timezone.now())
-    match = {model._meta.pk.name: obj.pk, "state": obj.state, **(where or {})}  # type: ignore[union-attr]
-    if rows.update(model, changes, match) != 1:
-        raise Conflict(f"{obj} is no longer {obj.state}")
-    for name, value in changes.items():
-        setattr(obj, name, value)
+    _cas_all([obj], new_state, [fields], [where or {}])
+
+
+def _cas_all(
+    objs: Sequence[Step | Task | Effect],
+    new_state: str,
+    fields: list[dict[str, Any]],
+    where: list[dict[str, Any]],
+) -> None:
+    """Compare-and-set these rows of one model in one statement: all of them move, or
+    Conflict and none did."""
+    model = type(objs[0])
+    now = timezone.now()
+    changes = []
+    for obj, sets in zip(objs, fields, strict=True):
+        change = {"state": new_state, **sets}
+        if hasattr(obj, "updated_at"):
+            change.setdefault("updated_at", now)
+        changes.append(change)
+    pk = model._meta.pk.name  # type: ignore[union-attr]
+    matches = [
+        {pk: obj.pk, "state": obj.state, **match} for obj, match in zip(objs, where, strict=True)
+    ]
+    # One row changes or not on its own; several share a savepoint, undone if any one lost.
+    with transaction.atomic() if len(objs) > 1 else nullcontext():
+        if rows.update_many(model, changes, matches) != len(objs):
+            raise Conflict(", ".join(f"{obj} is no longer {obj.state}" for obj in objs))
+    for obj, change in zip(objs, changes, strict=True):
+        for name, value in change.items():
+            setattr(obj, name, value)
 
 
 def move_step(
@@ -66,6 +90,32 @@ def move_task(
     new = TASK.check(old, event)
     _cas(task, new, fields or {})
     journal.record(EventKind.TASK_STATE, task=task, actor=actor, old=old, new=new, **(data or {}))
+
+
+def move_effects(
+    effects: Sequence[Effect],
+    event: str,
+    *,
+    actor: str,
+    fields: list[dict[str, Any]],
+    where: list[dict[str, Any]],
+) -> None:
+    """`move_effect` for several effects in one state, each with its own values for the same
+    fields and conditions, in one statement: all move, or Conflict and none did."""
+    old = effects[0].state
+    assert all(e.state == old for e in effects), "one statement moves effects of one state"
+    new = EFFECT.check(old, event)
+    _cas_all(effects, new, fields, where)
+    for effect in effects:
+        journal.record(
+            EventKind.EFFECT_STATE,
+            task=effect.task_id,
+            step=effect.step_id,
+            effect=effect,
+            actor=actor,
+            old=old,
+            new=new,
+        )
 
 
 def move_effect(
