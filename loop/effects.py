@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -290,20 +291,40 @@ Outcome = tuple[dict[str, Any] | None, Exception | None]
 
 
 def _perform(claimed: list[Send]) -> list[Outcome]:
-    """Each tool's response, or what it raised; several at once, a thread each."""
+    """Each tool's response, or what it raised. Several are performed at once: the tools that
+    can (`Tool.start`) put their requests out one after another, then their answers are read;
+    any other tool runs in a thread of its own meanwhile."""
     if len(claimed) == 1:
         return [_run(claimed[0])]
-    return list(_pool().map(_run_apart, claimed))
+    threads = {n: _pool().submit(_run_apart, s) for n, s in enumerate(claimed) if not s.tool.start}
+    outcomes: dict[int, Outcome] = {}
+    answers: dict[int, Callable[[], dict[str, Any]]] = {}
+    for n, send in enumerate(claimed):
+        if send.tool.start is not None:
+            started = _run(send, send.tool.start)
+            if started[1] is not None:
+                outcomes[n] = (None, started[1])
+            else:
+                answers[n] = started[0]  # type: ignore[assignment]
+    for n, answer in answers.items():
+        outcomes[n] = _run(claimed[n], _awaiting(answer))
+    for n, thread in threads.items():
+        outcomes[n] = thread.result()
+    return [outcomes[n] for n in range(len(claimed))]
 
 
-def _run(send: Send) -> Outcome:
-    """The tool, performing the effect: its response, or what it raised."""
+def _awaiting(answer: Callable[[], dict[str, Any]]) -> Callable[[dict[str, Any], str], Any]:
+    return lambda args, effect_id: answer()
+
+
+def _run(send: Send, part: Callable[[dict[str, Any], str], Any] | None = None) -> Outcome:
+    """The tool (or `part` of it), performing the effect: what it returned, or raised."""
     from .tools import Call, calling
 
     assert send.effect is not None
     try:
         with calling(Call.of(send.step, send.holder.owner, send.holder.epoch)):
-            return send.tool.run(send.args, send.effect.pk), None
+            return (part or send.tool.run)(send.args, send.effect.pk), None
     except Exception as exc:
         return None, exc
 

@@ -56,6 +56,7 @@ def record(
     if task_id is None and isinstance(step, Step):
         task_id = step.task_id
     ops = connection.ops
+    held: list[list[Any]] | None = getattr(_held, "rows", None)
     row = [
         str(kind),
         task_id,
@@ -63,9 +64,8 @@ def record(
         effect.pk if effect is not None else None,
         actor,
         ops.adapt_json_value(data, None),  # what Event.data (a JSONField) would store
-        ops.adapt_datetimefield_value(timezone.now()),
+        _held.now if held is not None else ops.adapt_datetimefield_value(timezone.now()),
     ]
-    held: list[list[Any]] | None = getattr(_held, "rows", None)
     if held is not None:
         held.append(row)
     else:
@@ -75,12 +75,14 @@ def record(
 @contextmanager
 def batched() -> Iterator[None]:
     """Inside a transaction: the events recorded in this block are written at its end, in
-    order, with one statement. If the block raises, they are dropped with its transaction."""
+    order, with one statement, all with the time the block began (they commit together). If
+    the block raises, they are dropped with its transaction."""
     if getattr(_held, "rows", None) is not None:
         yield  # already inside a batch: its end writes these too
         return
     held: list[list[Any]] = []
     _held.rows = held
+    _held.now = connection.ops.adapt_datetimefield_value(timezone.now())
     try:
         yield
     finally:

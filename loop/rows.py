@@ -147,13 +147,22 @@ def _kind(field: Field[Any, Any]) -> tuple[type | None, str]:
     return None, "field"
 
 
+_last_datetime: tuple[Any, str, Any] = (None, "", None)
+
+
 def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
     """The value as the database takes it, as `field.get_db_prep_save` would give it."""
     plain, how = _kind(field)
     if value is None or (plain is not None and isinstance(value, plain)):
         return value
     if how == "datetime" and isinstance(value, datetime) and value.tzinfo is not None:
-        return conn.ops.adapt_datetimefield_value(value)
+        global _last_datetime
+        last = _last_datetime  # one `now` is often written to several rows and fields
+        if last[0] is value and last[1] == conn.vendor:
+            return last[2]
+        adapted = conn.ops.adapt_datetimefield_value(value)
+        _last_datetime = (value, conn.vendor, adapted)
+        return adapted
     if how == "json" and not hasattr(value, "as_sql"):
         return conn.ops.adapt_json_value(value, field.encoder)  # type: ignore[attr-defined]
     if isinstance(value, Model):

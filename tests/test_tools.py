@@ -264,6 +264,27 @@ def test_email_goes_out_over_smtp_once_with_a_message_id_from_the_effect(
     assert [m["Message-ID"] for m in mailbox.messages] == [message_id(effect.pk)]
 
 
+def test_a_batch_performs_its_effects_at_once_and_records_each_outcome_on_its_own(
+    worker: Runner, mailbox: Mailbox, receiver: Receiver, settings: Any
+) -> None:
+    settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
+    receiver.behave("500")
+    doubtful = make_task(step("hook", "http.post", args={"url": receiver.url(), "json": {}}))
+    refused = make_task(step("gone", "http.post", args={"url": closed_url(), "json": {}}))
+    mailed = make_task(mail())  # not a two-part tool: a thread of its own
+    assert worker.tick()
+    # Every intent, then every claim, committed before anything was performed.
+    states = [e.data["new"] for e in Event.objects.filter(kind="effect_state").order_by("id")]
+    assert states[:6] == ["pending"] * 3 + ["running"] * 3
+    assert only_step(doubtful).state == "blocked"  # the probe did not find it: Dad is asked
+    assert only_step(doubtful).question_kind == "did_it_happen"
+    assert only_effect(doubtful).state == "uncertain"
+    assert only_step(refused).retry_at is not None and only_effect(refused).state == "pending"
+    assert only_step(mailed).state == "done" and only_effect(mailed).state == "succeeded"
+    assert [r.key for r in receiver.posts] == [only_effect(doubtful).pk]
+    assert len(mailbox.messages) == 1
+
+
 def test_a_recipient_the_server_refuses_is_rejected(worker: Runner, mailbox: Mailbox) -> None:
     mailbox.refuse_rcpt = "550 no such user"
     task = make_task(mail())

@@ -63,6 +63,11 @@ class Tool:
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None
     # () -> reason the tool is off, or None.
     disabled: Callable[[], str | None] = field(default=lambda: None)
+    # (args, effect_id) -> finish: `run` in two halves, for a side-effect tool whose request
+    # can go out before its answer is awaited (the outbox then sends a batch's requests first
+    # and collects their answers after). `start` raises as `run` would; `finish()` returns or
+    # raises what `run` would have.
+    start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None
 
     def check_args(self, args: Any, where: str) -> list[str]:
         """Errors naming `where` and the argument; empty when the args fit the schema."""
@@ -163,6 +168,7 @@ def tool(
     describe: Callable[[dict[str, Any]], tuple[str, str]] | None = None,
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None,
     disabled: Callable[[], str | None] | None = None,
+    start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None,
 ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a function as a tool.
 
@@ -182,6 +188,7 @@ def tool(
                 describe=describe,
                 probe=probe,
                 disabled=disabled or (lambda: None),
+                start=start,
             )
         )
         return func

@@ -14,6 +14,7 @@ import json
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,7 +86,8 @@ def _describe(method: str) -> Any:
     return describe
 
 
-def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
+    """Connect and write the request; what reads and judges the answer."""
     if "json" in args and "body" in args:
         raise ToolError("give 'json' or 'body', not both")
     # Ours, whatever the plan says: a caller's own Idempotency-Key (any spelling) would
@@ -117,6 +119,11 @@ def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
             raise EffectUncertainError(
                 f"{method} {args['url']}: {exc} while the request was written"
             ) from exc
+    except BaseException:
+        conn.close()
+        raise
+
+    def finish() -> dict[str, Any]:
         try:
             response = conn.getresponse()
             body = _read(response)
@@ -124,19 +131,25 @@ def _send(method: str, args: dict[str, Any], effect_id: str) -> dict[str, Any]:
             raise EffectUncertainError(
                 f"{method} {args['url']}: {exc} after the request was written"
             ) from exc
-    finally:
-        conn.close()
+        finally:
+            conn.close()
+        return _judge(method, args["url"], response, body)
+
+    return finish
+
+
+def _judge(method: str, url: str, response: http.client.HTTPResponse, body: Any) -> dict[str, Any]:
     status = response.status
     if 200 <= status < 300:
         return {"status": status, "body": body}
     if status == 429:
         delay = retry_after_seconds(response.getheader("Retry-After") or "")
-        raise EffectNotSent(f"{method} {args['url']}: HTTP 429", retry_after=delay)
+        raise EffectNotSent(f"{method} {url}: HTTP 429", retry_after=delay)
     if status == 408 or status >= 500:
-        raise EffectUncertainError(f"{method} {args['url']}: HTTP {status}")
+        raise EffectUncertainError(f"{method} {url}: HTTP {status}")
     if 400 <= status < 500:
-        raise EffectRejected(f"{method} {args['url']}: HTTP {status}: {str(body)[:500]}")
-    raise EffectUncertainError(f"{method} {args['url']}: unexpected HTTP {status}")
+        raise EffectRejected(f"{method} {url}: HTTP {status}: {str(body)[:500]}")
+    raise EffectUncertainError(f"{method} {url}: unexpected HTTP {status}")
 
 
 def retry_after_seconds(value: str) -> float | None:
@@ -174,11 +187,33 @@ def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
     return ProbeResult(None, f"probe {url} answered HTTP {result['status']}")
 
 
-@tool("http.post", args=WRITE_ARGS, side_effect=True, describe=_describe("POST"), probe=_probe)
+def _post(args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
+    return _start("POST", args, effect_id)
+
+
+def _put(args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
+    return _start("PUT", args, effect_id)
+
+
+@tool(
+    "http.post",
+    args=WRITE_ARGS,
+    side_effect=True,
+    describe=_describe("POST"),
+    probe=_probe,
+    start=_post,
+)
 def http_post(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
-    return _send("POST", args, effect_id)
+    return _post(args, effect_id)()
 
 
-@tool("http.put", args=WRITE_ARGS, side_effect=True, describe=_describe("PUT"), probe=_probe)
+@tool(
+    "http.put",
+    args=WRITE_ARGS,
+    side_effect=True,
+    describe=_describe("PUT"),
+    probe=_probe,
+    start=_put,
+)
 def http_put(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
-    return _send("PUT", args, effect_id)
+    return _put(args, effect_id)()
