@@ -4,10 +4,11 @@ transactions on the same disk, and their ratio (issue 3: target 0.5 or more).
     .venv/bin/python bench/effect_overhead.py [--steps 500] [--units 2000] [--dir DIR] [--explain]
 
 Each step is an `http.post` to a sink started here that answers at once, so the figure is the
-loop's own cost per effect: the intent commit, the fenced claim commit, the outcome commit, the
-verdict commit (which also starts the task's next step), and the Python between them. A worker
-takes up to `LOOP_BATCH_EFFECTS` such steps (of different tasks) through those commits together
-and performs their effects at once, as it would in production. The step rate is taken
+loop's own cost per effect: the intent (committed with the step's start), the fenced claim
+commit, the outcome commit, the verdict commit (which also starts the task's next step and
+writes its intent), and the Python between them. A worker takes up to `LOOP_BATCH_EFFECTS` such
+steps (of different tasks) through those commits together and performs their effects at once,
+as it would in production. The step rate is taken
 from the journal (first `step_started` to last `step_done`), so Django's start-up is not in
 it. The raw rate is plain `sqlite3` in WAL mode with synchronous=FULL, in the same folder:
 one unit = INSERT+COMMIT, UPDATE+COMMIT, UPDATE+COMMIT.

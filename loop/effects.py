@@ -105,6 +105,11 @@ class Send:
     result: dict[str, Any] | None = None
     error: Exception | None = None
 
+    @property
+    def due(self) -> bool:
+        """Its intent is written and it is not answered yet: to be claimed and performed."""
+        return self.effect is not None and self.result is None and self.error is None
+
     def outcome(self) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
@@ -129,18 +134,23 @@ def send_all(sends: list[Send]) -> None:
     without a committed intent."""
     owners = {send.holder.owner for send in sends}
     assert len(owners) == 1, f"one lease owner per send_all, not {owners}"
-    claimed = _claim_all(_intend_all(sends))
+    intend_all([send for send in sends if send.effect is None])
+    claimed = _claim_all([send for send in sends if send.due])
     if claimed:
         _perform_all(claimed)
 
 
-def _intend_all(sends: list[Send]) -> list[Send]:
+def intend_all(sends: list[Send]) -> None:
     """Look each effect up by its id: a receipt answers at once (nothing is performed); a new
-    one's intent is inserted `pending`. All new intents commit together. The sends to claim."""
+    one's intent is inserted `pending`; all new intents commit together, or with the caller's
+    transaction if there is one (the worker writes the intents of the calls it knows of in
+    the commit that starts their steps). Then a send is `due` to be claimed, or answered."""
+    if not sends:
+        return
     ids = {send: effect_id(send.step, send.tool.name, send.args, send.key) for send in sends}
     marks = ", ".join("%s" for _ in sends)
     found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", list(ids.values()))}
-    due, new = [], []
+    new = []
     for send in sends:
         effect = found.get(ids[send])
         if effect is None:
@@ -153,11 +163,8 @@ def _intend_all(sends: list[Send]) -> list[Send]:
             send.result = _answer_from_row(send.holder, effect)
         except (EffectRejected, StepMustAsk, EffectBusy) as exc:
             send.error = exc
-            continue
-        if send.result is None:
-            due.append(send)
     if new:
-        with transaction.atomic(), journal.batched():
+        with transaction.atomic(savepoint=False), journal.batched():
             intents = rows.create_many(Effect, [_intent(send, ids[send]) for send in new])
             for send, effect in zip(new, intents, strict=True):
                 effect.step = send.step
@@ -169,8 +176,6 @@ def _intend_all(sends: list[Send]) -> list[Send]:
                     actor=send.holder.actor,
                     new="pending",
                 )
-        due += new
-    return due
 
 
 def _intent(send: Send, eid: str) -> dict[str, Any]:

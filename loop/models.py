@@ -231,7 +231,9 @@ class Event(models.Model):
     """The append-only journal; also the live feed (rising ids)."""
 
     kind = models.CharField(max_length=40, choices=EventKind.choices)
-    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE)
+    # Indexed by `event_task` (task, id), which serves every lookup by task: one index fewer
+    # for each journal row to update.
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, db_index=False)
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE)
     effect = models.ForeignKey(Effect, null=True, blank=True, on_delete=models.CASCADE)
     actor = models.CharField(max_length=150, blank=True)

@@ -111,18 +111,28 @@ def _converted(value: Any, col: Any, converters: list[Converter]) -> Any:
     return value
 
 
+@cache
+def _conversions(model: type[Model]) -> list[tuple[int, Any, list[Converter]]]:
+    """(position, column, converters) of the model's columns that need converting."""
+    return [(n, col, found) for n, (col, found) in enumerate(_converters(model)) if found]
+
+
 def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
-    with connection.cursor() as cursor:
+    conn = connections["default"]
+    with conn.cursor() as cursor:
         cursor.execute(sql, list(params))
-        return [_instance(model, row) for row in cursor.fetchall()]
-
-
-def _instance(model: type[M], row: Sequence[Any]) -> M:
-    values = [
-        _converted(value, col, converters)
-        for value, (col, converters) in zip(row, _converters(model), strict=True)
-    ]
-    return model.from_db(connection.alias, None, values)  # type: ignore[arg-type]
+        found = cursor.fetchall()
+    conversions = _conversions(model)
+    objs = []
+    for row in found:
+        values = list(row)
+        for n, col, converters in conversions:
+            value = values[n]
+            for convert in converters:
+                value = convert(value, col, conn)
+            values[n] = value
+        objs.append(model.from_db(conn.alias, None, values))  # type: ignore[arg-type]
+    return objs  # type: ignore[return-value]
 
 
 @cache
@@ -132,8 +142,11 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
     return field
 
 
+Kind = tuple[type | None, str]
+
+
 @cache
-def _kind(field: Field[Any, Any]) -> tuple[type | None, str]:
+def _kind(field: Field[Any, Any]) -> Kind:
     """The plain Python type the database takes as it is for this field (if any), and how
     other values are adapted: "datetime", "json" or "field" (the field's own way)."""
     if isinstance(field, models.CharField | models.TextField):
@@ -150,9 +163,9 @@ def _kind(field: Field[Any, Any]) -> tuple[type | None, str]:
 _last_datetime: tuple[Any, str, Any] = (None, "", None)
 
 
-def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
+def _prep(field: Field[Any, Any], value: Any, conn: Any, kind: Kind | None = None) -> Any:
     """The value as the database takes it, as `field.get_db_prep_save` would give it."""
-    plain, how = _kind(field)
+    plain, how = kind or _kind(field)
     if value is None or (plain is not None and isinstance(value, plain)):
         return value
     if how == "datetime" and isinstance(value, datetime) and value.tzinfo is not None:
@@ -173,8 +186,8 @@ def _prep(field: Field[Any, Any], value: Any, conn: Any) -> Any:
 @cache
 def _update(
     model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]
-) -> tuple[str, list[Field[Any, Any]]]:
-    """The statement, and the fields of its parameters in order."""
+) -> tuple[str, list[tuple[Field[Any, Any], Kind]]]:
+    """The statement, and the fields of its parameters in order (with their kinds)."""
     sets = ", ".join(f"{_q(_field(model, n).column)} = %s" for n in names)
     conds = " AND ".join(
         f"{_q(_field(model, n).column)} IS NULL" if null else f"{_q(_field(model, n).column)} = %s"
@@ -182,7 +195,8 @@ def _update(
     )
     fields = [_field(model, n) for n in names]
     fields += [_field(model, n) for n, null in where if not null]
-    return f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}", fields  # noqa: S608
+    sql = f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}"  # noqa: S608
+    return sql, [(f, _kind(f)) for f in fields]
 
 
 def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
@@ -204,7 +218,10 @@ def update_many(
         assert tuple((n, v is None) for n, v in match.items()) == conds, "and the same conditions"
         values = [*sets.values(), *(v for v in match.values() if v is not None)]
         params.append(
-            [_prep(field, value, conn) for field, value in zip(fields, values, strict=True)]
+            [
+                _prep(field, value, conn, kind)
+                for (field, kind), value in zip(fields, values, strict=True)
+            ]
         )
     with conn.cursor() as cursor:
         if len(params) == 1:
@@ -248,9 +265,9 @@ def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
     """`create` for several rows whose primary keys are given, in one statement."""
     conn = connections["default"]
     objs = [model(**one) for one in values]
-    fields = model._meta.concrete_fields
-    names = tuple(f.name for f in fields)
-    params = [[_prep(f, getattr(obj, f.attname), conn) for f in fields] for obj in objs]
+    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]
+    names = tuple(f.name for f in model._meta.concrete_fields)
+    params = [[_prep(f, getattr(obj, at), conn, kind) for f, at, kind in fields] for obj in objs]
     with conn.cursor() as cursor:
         cursor.executemany(insert_sql(model, names, returning=False), params)
     for obj in objs:

@@ -236,7 +236,9 @@ class Runner(StepLifecycle):
         """These steps through the judge, their verdicts added to `verdicts`; a step whose
         lease moved on is dropped (its new holder finishes it), the others go on."""
         holders = [effects.Holder(self.worker_id, s.epoch, self.actor) for s in steps]
-        judged = tool_judge.run_all([(s.step, h) for s, h in zip(steps, holders, strict=True)])
+        judged = tool_judge.run_all(
+            [(s.step, h, s.call) for s, h in zip(steps, holders, strict=True)]
+        )
         for started, verdict in zip(steps, judged, strict=True):
             if isinstance(verdict, lease.LeaseLost):
                 log.warning("%s", verdict)

@@ -4,8 +4,9 @@ next step in that same commit. Mixed into the Runner, which owns the worker's li
 
 A tick moves a batch of up to `LOOP_BATCH` tasks a step each, so one commit serves them all:
 
-    claim + guard + start, for each task      (one commit: every start durable before it runs)
-    → judge each step                         (its effects commit on their own)
+    claim + guard + start, for each task      (one commit: every start durable before it runs,
+                                               with the intent of each side-effect call known)
+    → judge each step                         (the effects' claims commit, then their outcomes)
     → each verdict fenced on its lease epoch, and each next start   (one commit)
 
 Read-only steps share a batch freely and run first, in turn. Up to `LOOP_BATCH_EFFECTS`
@@ -29,6 +30,7 @@ from django.utils import timezone
 from . import actions, effects, guard, journal, lease, questions, rows, tools
 from .health import low_disk_reason
 from .judges import Verdict
+from .judges import tool as tool_judge
 from .models import Effect, EffectState, EventKind, Step, StepState, Task, TaskState
 from .transitions import move_step
 
@@ -40,6 +42,7 @@ class Started:
     task_id: int
     epoch: int
     step: Step
+    call: effects.Send | None = None  # its side-effect call, intent written with its start
 
 
 class Late:
@@ -98,6 +101,7 @@ class StepLifecycle:
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
             self.in_hand = named(batch)  # what the rest of its transaction would start
+            self._intend_first_calls(batch)
         return batch
 
     def _commit_batch(
@@ -124,8 +128,23 @@ class StepLifecycle:
                 )
                 if isinstance(begun, Started | NeedsProbe):
                     batch.append(begun)
+            self._intend_first_calls(batch)
             self.in_hand = names  # what a failing COMMIT would lose
         return batch
+
+    def _intend_first_calls(self, batch: list[Begun]) -> None:
+        """Inside the transaction that starts the batch's steps: the intent of each side-effect
+        step's call that is known before it runs commits with its start (DESIGN.md §6: an
+        intent committed before anything is sent), sparing the outbox a commit of its own. Only
+        first starts: a step that ran before has its effects looked up when it runs again."""
+        calls = []
+        for begun in batch:
+            if isinstance(begun, Started) and begun.step.side_effect and begun.step.attempts == 1:
+                holder = effects.Holder(self.worker_id, begun.epoch, self.actor)
+                begun.call = tool_judge.side_effect_call(begun.step, holder)
+                if begun.call is not None:
+                    calls.append(begun.call)
+        effects.intend_all(calls)
 
     def _begin(
         self,

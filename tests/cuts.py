@@ -81,7 +81,7 @@ def claimed_not_sent(step: Step, holder: effects.Holder) -> None:
 
 
 def intent_only(step: Step, holder: effects.Holder) -> None:
-    effects._intend_all([effects.Send(holder, step, tools.get(step.tool), step.args)])
+    effects.intend_all([effects.Send(holder, step, tools.get(step.tool), step.args)])
     raise Killed
 
 

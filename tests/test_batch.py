@@ -67,8 +67,9 @@ def test_side_effect_steps_run_last_and_together_sharing_the_outbox_commits(
         make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"effect {n}")
     commits.clear()
     assert worker.tick() is True
-    # claim + starts; the four intents; their four claims; their outcomes; the verdicts.
-    assert len(commits) == 5
+    # Claims, starts and the four intents; their four claims; their outcomes; the verdicts.
+    assert len(commits) == 4
+    assert Event.objects.filter(kind="effect_state", data__new="pending").count() == 4
     effect_keys = [f"e{n}" for n in range(4)]
     for effectful in Step.objects.filter(side_effect=True):
         assert effectful.state == "done"

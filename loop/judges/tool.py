@@ -24,17 +24,23 @@ T = TypeVar("T")
 
 
 def run(step: Step, holder: effects.Holder) -> Verdict:
-    [verdict] = run_all([(step, holder)])
+    [verdict] = run_all([(step, holder, None)])
     if isinstance(verdict, LeaseLost):
         raise verdict
     return verdict
 
 
-def run_all(steps: list[tuple[Step, effects.Holder]]) -> list[Verdict | LeaseLost]:
+def run_all(
+    steps: list[tuple[Step, effects.Holder, effects.Send | None]],
+) -> list[Verdict | LeaseLost]:
     """Each step's verdict, in order; LeaseLost for a step whose lease moved on (its new
-    holder finishes it). A failed write raises (DatabaseError): the runner's business."""
+    holder finishes it). A step may come with its call already made known (`side_effect_call`,
+    its intent written). A failed write raises (DatabaseError): the runner's business."""
     prepared: list[Verdict | LeaseLost | effects.Send] = []
-    for step, holder in steps:
+    for step, holder, known in steps:
+        if known is not None:
+            prepared.append(known)
+            continue
         with tools.calling(tools.Call.of(step, holder.owner, holder.epoch)):
             prepared.append(_judged(step, partial(_prepare, step, holder)))
     sends = [p for p in prepared if isinstance(p, effects.Send)]
@@ -44,6 +50,22 @@ def run_all(steps: list[tuple[Step, effects.Holder]]) -> list[Verdict | LeaseLos
         _judged(p.step, partial(_answered, p)) if isinstance(p, effects.Send) else p
         for p in prepared
     ]
+
+
+def side_effect_call(step: Step, holder: effects.Holder) -> effects.Send | None:
+    """The call this side-effect step will make, known before it runs (so its intent can be
+    written with its start); None if the judge will only tell when the step runs (arguments
+    that do not check out, a tool that is off or missing or has no side effects)."""
+    if not step.side_effect:
+        return None
+    tool = tools.find(step.tool)
+    if tool is None or not tool.side_effect:
+        return None
+    try:
+        call = _prepare(step, holder)
+    except Exception:  # the judge meets it again when the step runs, and says so
+        return None
+    return call if isinstance(call, effects.Send) else None
 
 
 def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Send:
