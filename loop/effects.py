@@ -128,10 +128,10 @@ def call(
 
 def send_all(sends: list[Send]) -> None:
     """Side-effect calls of different steps, under one lease owner, through the outbox
-    together: their intents in one commit, their fenced claims in one commit, performed at
-    once, their outcomes in one commit. Each send ends with its result or its error. A failed
-    write raises: then nothing was performed that was not claimed, and nothing was claimed
-    without a committed intent."""
+    together: their intents in one commit (unless they were written with their steps' starts),
+    their fenced claims in one commit, performed at once, their outcomes in one commit. Each
+    send ends with its result or its error. A failed write raises: then nothing was performed
+    that was not claimed, and nothing was claimed without a committed intent."""
     owners = {send.holder.owner for send in sends}
     assert len(owners) == 1, f"one lease owner per send_all, not {owners}"
     intend_all([send for send in sends if send.effect is None])

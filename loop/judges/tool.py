@@ -63,6 +63,8 @@ def side_effect_call(step: Step, holder: effects.Holder) -> effects.Send | None:
         return None
     try:
         call = _prepare(step, holder)
+    except DatabaseError:
+        raise  # a failed write or read fails the transaction it is in, visibly
     except Exception:  # the judge meets it again when the step runs, and says so
         return None
     return call if isinstance(call, effects.Send) else None
