@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -40,8 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Sink:
     """The local sink: an HTTP/1.1 server that reads each request whole and answers 200 at
-    once, on an event loop in a thread of its own (a thread per connection would make the sink,
-    not the loop, the bottleneck once a worker sends several effects at a time)."""
+    once, on an event loop (a thread per connection would make the sink, not the loop, the
+    bottleneck once a worker sends several effects at a time). `Sink.apart()` runs it in a
+    process of its own, so it never shares a GIL with the worker measured."""
 
     ANSWER = (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n"
@@ -79,8 +81,20 @@ class Sink:
         finally:
             writer.close()
 
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+    @staticmethod
+    def apart() -> tuple[multiprocessing.Process, int]:
+        """A sink in a child process, and its port."""
+        ours, theirs = multiprocessing.Pipe()
+        child = multiprocessing.get_context("fork").Process(
+            target=Sink._serve_apart, args=(theirs,), daemon=True
+        )
+        child.start()
+        return child, ours.recv()
+
+    @staticmethod
+    def _serve_apart(pipe: Any) -> None:
+        pipe.send(Sink().port)
+        threading.Event().wait()
 
 
 def raw_units_per_second(path: Path, units: int) -> float:
@@ -227,15 +241,15 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="split a step's time, too")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="effect-overhead-", dir=options.dir or ROOT / "var"))
-    sink = Sink()
-    url = f"http://127.0.0.1:{sink.port}/hook"
+    sink, port = Sink.apart()
+    url = f"http://127.0.0.1:{port}/hook"
     try:
         before = raw_units_per_second(folder / "raw-before.sqlite3", options.units)
         steps, count = loop_steps_per_second(folder, options.steps, url)
         after = raw_units_per_second(folder / "raw-after.sqlite3", options.units)
         split = explain(url) if options.explain else None
     finally:
-        sink.stop()
+        sink.kill()
         shutil.rmtree(folder, ignore_errors=True)
     raw = (before + after) / 2  # measured before and after the loop, on the same disk
     figures = {
