@@ -120,6 +120,22 @@ def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Runner, se
     assert Step.objects.get(key="slow").state == "done"
 
 
+def test_an_effect_step_left_waiting_by_a_slow_one_is_sent_once_from_its_intent(
+    worker: Runner, settings: Any
+) -> None:
+    settings.LOOP_CHAIN_SECONDS = 0.2
+    make_task(step("slow", "sleep", args={"seconds": 0.5}), title="slow")  # claimed first
+    make_task(step("effect", "test.seen_effect", args={}), title="effect")
+    run_until_idle(worker)
+    effectful = Step.objects.get(key="effect")
+    assert effectful.state == "done" and effectful.attempts == 1
+    assert effectful.output["running"] == ["effect"]  # the slow one's verdict went first
+    effect = Effect.objects.get(step=effectful)
+    assert (effect.state, effect.sends) == ("succeeded", 1)
+    moves = Event.objects.filter(effect=effect, kind="effect_state").order_by("id")
+    assert [e.data["new"] for e in moves] == ["pending", "running", "succeeded"]
+
+
 def test_in_a_batch_only_the_verdict_whose_lease_moved_on_is_refused(worker: Runner) -> None:
     make_task(seen("a"), title="a")
     b = make_task(seen("b"), title="b")
@@ -149,3 +165,24 @@ def test_a_step_whose_lease_moved_on_mid_batch_does_not_cost_the_others(worker: 
     assert not Effect.objects.filter(state="running").exists()
     worker._commit_batch(verdicts, waiting)
     assert Step.objects.get(key="plain").state == "done"
+
+
+def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
+    worker: Runner,
+) -> None:
+    tasks = [make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}") for n in range(3)]
+    with transaction.atomic():
+        begun = worker._claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    assert len(batch) == 3
+    Task.objects.filter(pk=tasks[1].pk).update(lease_epoch=F("lease_epoch") + 1)
+    verdicts, waiting = worker._judge(batch)
+    assert sorted(s.step.key for s, _ in verdicts) == ["e0", "e2"] and waiting == []
+    # The two still held were claimed together and performed; the moved one stays an intent.
+    assert dict(Effect.objects.values_list("step__key", "state")) == {
+        "e0": "succeeded",
+        "e1": "pending",
+        "e2": "succeeded",
+    }
+    for done in verdicts:
+        assert done[1].output["effects_running"] == 2
