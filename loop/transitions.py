@@ -99,6 +99,7 @@ def move_effects(
     actor: str,
     fields: list[dict[str, Any]],
     where: list[dict[str, Any]],
+    data: dict[str, Any] | None = None,
 ) -> None:
     """`move_effect` for several effects in one state, each with its own values for the same
     fields and conditions, in one statement: all move, or Conflict and none did."""
@@ -115,6 +116,7 @@ def move_effects(
             actor=actor,
             old=old,
             new=new,
+            **(data or {}),
         )
 
 
@@ -128,16 +130,6 @@ def move_effect(
     data: dict[str, Any] | None = None,
 ) -> None:
     """`where` narrows the compare-and-set (e.g. the claiming worker's lease)."""
-    old = effect.state
-    new = EFFECT.check(old, event)
-    _cas(effect, new, fields or {}, where)
-    journal.record(
-        EventKind.EFFECT_STATE,
-        task=effect.task_id,
-        step=effect.step_id,
-        effect=effect,
-        actor=actor,
-        old=old,
-        new=new,
-        **(data or {}),
+    move_effects(
+        [effect], event, actor=actor, fields=[fields or {}], where=[where or {}], data=data
     )

@@ -187,33 +187,24 @@ def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
     return ProbeResult(None, f"probe {url} answered HTTP {result['status']}")
 
 
-def _post(args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
-    return _start("POST", args, effect_id)
+def _writer(method: str) -> None:
+    """Register http.post or http.put: `start` sends, the answer is judged when awaited."""
+
+    def start(args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
+        return _start(method, args, effect_id)
+
+    def run(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+        return start(args, effect_id)()
+
+    tool(
+        f"http.{method.lower()}",
+        args=WRITE_ARGS,
+        side_effect=True,
+        describe=_describe(method),
+        probe=_probe,
+        start=start,
+    )(run)
 
 
-def _put(args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
-    return _start("PUT", args, effect_id)
-
-
-@tool(
-    "http.post",
-    args=WRITE_ARGS,
-    side_effect=True,
-    describe=_describe("POST"),
-    probe=_probe,
-    start=_post,
-)
-def http_post(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
-    return _post(args, effect_id)()
-
-
-@tool(
-    "http.put",
-    args=WRITE_ARGS,
-    side_effect=True,
-    describe=_describe("PUT"),
-    probe=_probe,
-    start=_put,
-)
-def http_put(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
-    return _put(args, effect_id)()
+_writer("POST")
+_writer("PUT")
