@@ -51,7 +51,6 @@ class Sink:
     )
 
     def __init__(self) -> None:
-        self.received = 0
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         threading.Thread(target=self._serve, args=(started,), daemon=True).start()
@@ -74,7 +73,6 @@ class Sink:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 await reader.readexactly(length)
-                self.received += 1
                 writer.write(self.ANSWER)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client closed its connection

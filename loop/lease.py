@@ -74,12 +74,12 @@ def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:
 
 
 def fenced(task_id: int, owner: int, epoch: int) -> Task:
-    """The task, locked for this transaction, if `owner` still holds it at `epoch`."""
-    task = rows.load(Task, "id = %s", [task_id], for_update=True)
-    if task is None:
-        raise Task.DoesNotExist(f"task {task_id}")
-    _check(task, owner, epoch)
-    return task
+    """The task, locked for this transaction, if `owner` still holds it at `epoch`; else
+    LeaseLost (TaskGone if it was deleted)."""
+    found = fenced_all(owner, [(task_id, epoch)])[task_id]
+    if isinstance(found, LeaseLost):
+        raise found
+    return found
 
 
 def fenced_all(owner: int, held: list[tuple[int, int]]) -> dict[int, Task | LeaseLost]:
@@ -93,22 +93,21 @@ def fenced_all(owner: int, held: list[tuple[int, int]]) -> dict[int, Task | Leas
     result: dict[int, Task | LeaseLost] = {}
     for task_id, epoch in held:
         task = found.get(task_id)
-        try:
-            if task is None:
-                raise TaskGone(f"task {task_id} is gone")
-            result[task_id] = _check(task, owner, epoch)
-        except LeaseLost as exc:
-            result[task_id] = exc
+        if task is None:
+            result[task_id] = TaskGone(f"task {task_id} is gone")
+        elif not held_by(task, owner, epoch):
+            result[task_id] = LeaseLost(
+                f"task {task.pk}: lease is now epoch {task.lease_epoch} of owner "
+                f"{task.lease_owner}, not epoch {epoch} of {owner}"
+            )
+        else:
+            result[task_id] = task
     return result
 
 
-def _check(task: Task, owner: int, epoch: int) -> Task:
-    if task.lease_owner != owner or task.lease_epoch != epoch:
-        raise LeaseLost(
-            f"task {task.pk}: lease is now epoch {task.lease_epoch} of owner "
-            f"{task.lease_owner}, not epoch {epoch} of {owner}"
-        )
-    return task
+def held_by(task: Task, owner: int, epoch: int) -> bool:
+    """Whether `owner` holds the task's lease at `epoch`, as this row says."""
+    return task.lease_owner == owner and task.lease_epoch == epoch
 
 
 def renew(task_id: int, owner: int, epoch: int, *, seconds: int | None = None) -> bool:

@@ -1,9 +1,10 @@
 """Cached hand-written SQL for the statements the loop runs for every step.
 
 Django's query compiler costs 0.2-0.8 ms per statement; the loop runs three to four per
-read-only step (and a commit per batch of steps, about 0.2 ms on SQLite: bench/loop_overhead.py). These helpers build
-each statement once per shape and convert values with the model fields' own converters, so
-rows read and written here are exactly what the ORM would read and write. Everything runs in
+read-only step (and a commit per batch of steps, about 0.2 ms on SQLite:
+bench/loop_overhead.py). These helpers build each statement once per shape and convert values
+with the model fields' own converters, so rows read and written here are exactly what the ORM
+would read and write. Everything runs in
 the caller's transaction; nothing here decides whether a change is allowed.
 """
 
@@ -19,6 +20,7 @@ from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
 Converter = Callable[[Any, Any, Any], Any]
+Conversion = tuple[int, Any, list[Converter]]  # a column's position, the column, its converters
 
 
 def _q(name: str) -> str:
@@ -80,50 +82,36 @@ def values(
     order: str = "",
 ) -> list[tuple[Any, ...]]:
     """These fields of every row matching `where`, in `order`, as the ORM would read them."""
-    sql, converters = _values(model, names, where, order)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, list(params))
-        found = cursor.fetchall()
-    return [
-        tuple(
-            _converted(value, col, convert)
-            for value, (col, convert) in zip(row, converters, strict=True)
-        )
-        for row in found
-    ]
+    sql, conversions = _values(model, names, where, order)
+    return [tuple(row) for row in _read(sql, params, conversions)]
 
 
 @cache
 def _values(
     model: type[Model], names: tuple[str, ...], where: str, order: str
-) -> tuple[str, list[tuple[Any, list[Converter]]]]:
+) -> tuple[str, list[Conversion]]:
     fields = [_field(model, name) for name in names]
     columns = ", ".join(_q(f.column) for f in fields)
     tail = f" ORDER BY {order}" if order else ""
     sql = f"SELECT {columns} FROM {_q(model._meta.db_table)} WHERE {where}{tail}"  # noqa: S608
     by_field = dict(zip(model._meta.concrete_fields, _converters(model), strict=True))
-    return sql, [by_field[f] for f in fields]
-
-
-def _converted(value: Any, col: Any, converters: list[Converter]) -> Any:
-    for convert in converters:
-        value = convert(value, col, connection)
-    return value
+    selected = [by_field[f] for f in fields]
+    return sql, [(n, col, found) for n, (col, found) in enumerate(selected) if found]
 
 
 @cache
-def _conversions(model: type[Model]) -> list[tuple[int, Any, list[Converter]]]:
+def _conversions(model: type[Model]) -> list[Conversion]:
     """(position, column, converters) of the model's columns that need converting."""
     return [(n, col, found) for n, (col, found) in enumerate(_converters(model)) if found]
 
 
-def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+def _read(sql: str, params: Sequence[Any], conversions: list[Conversion]) -> list[list[Any]]:
+    """The rows `sql` selects, each value converted as the ORM would."""
     conn = connections["default"]
     with conn.cursor() as cursor:
         cursor.execute(sql, list(params))
         found = cursor.fetchall()
-    conversions = _conversions(model)
-    objs = []
+    result = []
     for row in found:
         values = list(row)
         for n, col, converters in conversions:
@@ -131,8 +119,16 @@ def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
             for convert in converters:
                 value = convert(value, col, conn)
             values[n] = value
-        objs.append(model.from_db(conn.alias, None, values))  # type: ignore[arg-type]
-    return objs  # type: ignore[return-value]
+        result.append(values)
+    return result
+
+
+def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+    alias = connections["default"].alias
+    return [
+        model.from_db(alias, None, values)  # type: ignore[arg-type, misc]
+        for values in _read(sql, params, _conversions(model))
+    ]
 
 
 @cache
@@ -240,29 +236,10 @@ def insert_sql(model: type[Model], names: tuple[str, ...], *, returning: bool = 
     return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}){tail}"  # noqa: S608
 
 
-def insert(model: type[Model], values: dict[str, Any]) -> Any:
-    """INSERT one row; its primary key."""
-    conn = connections["default"]
-    names = tuple(values)
-    params = [_prep(_field(model, n), values[n], conn) for n in names]
-    with connection.cursor() as cursor:
-        cursor.execute(insert_sql(model, names), params)
-        return cursor.fetchone()[0]
-
-
-def create(model: type[M], **values: Any) -> M:
-    """A new row from these values and the model's defaults, as `objects.create` would
-    write it (for models without auto_now fields or save() overrides)."""
-    obj = model(**values)
-    row = {f.name: getattr(obj, f.attname) for f in model._meta.concrete_fields}
-    obj.pk = insert(model, row)
-    obj._state.adding = False
-    obj._state.db = connection.alias
-    return obj
-
-
 def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
-    """`create` for several rows whose primary keys are given, in one statement."""
+    """New rows from these values (primary keys given) and the model's defaults, as
+    `objects.create` would write them (for models without auto_now fields or save()
+    overrides), in one statement."""
     conn = connections["default"]
     objs = [model(**one) for one in values]
     fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]

@@ -216,20 +216,16 @@ class Runner(StepLifecycle):
         """The read-only steps through the judge in turn, then the side-effect steps together;
         the verdicts, and the steps not yet run. After `LOOP_CHAIN_SECONDS` the verdicts so far
         go to be committed before the rest run, so a slow step keeps no finished one waiting."""
-        plain = [s for s in batch if not s.step.side_effect]
+        plain = [[s] for s in batch if not s.step.side_effect]
         effectful = [s for s in batch if s.step.side_effect]
+        turns = plain + ([effectful] if effectful else [])  # the effects go in one turn, last
         began = time.monotonic()
         verdicts: list[tuple[Started, Verdict]] = []
-        for n, started in enumerate(plain):
+        for n, turn in enumerate(turns):
             if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
-                return verdicts, plain[n:] + effectful
-            self.in_hand = f"task {started.task_id} step '{started.step.key}'"
-            self._judged(verdicts, [started])
-        if effectful:
-            if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
-                return verdicts, effectful
-            self.in_hand = named(effectful)
-            self._judged(verdicts, effectful)
+                return verdicts, [started for later in turns[n:] for started in later]
+            self.in_hand = named(turn)
+            self._judged(verdicts, turn)
         return verdicts, []
 
     def _judged(self, verdicts: list[tuple[Started, Verdict]], steps: list[Started]) -> None:

@@ -292,24 +292,11 @@ class StepLifecycle:
 
     def commit(self, started: Started, verdict: Verdict) -> bool:
         """The verdict, fenced: it lands only while this worker still holds the lease at its
-        epoch. A late verdict is journaled as `late_result` and changes nothing."""
-        return self._commit(started, verdict, chain=False) is not LATE
-
-    def _commit(
-        self, started: Started, verdict: Verdict, *, chain: bool
-    ) -> Started | NeedsProbe | None | Late:
-        """`commit`, and with `chain` the start of the task's next step in the same
-        transaction (what the next tick would do, minus a claim and a commit), while the
-        verdict was `done`, the task is still running and this worker may take work."""
-        chain = chain and not low_disk_reason()
+        epoch. A late verdict is journaled as `late_result` and changes nothing. No next step
+        is started (the worker's batches do that in `_commit_batch`)."""
         with transaction.atomic():
-            fence: Task | lease.LeaseLost
-            try:
-                fence = lease.fenced(started.task_id, self.worker_id, started.epoch)
-            except lease.LeaseLost as exc:
-                fence = exc
-            begun = self._verdict(started, verdict, fence, chain=chain)
-        return None if isinstance(begun, Deferred) else begun
+            fence = lease.fenced_all(self.worker_id, [(started.task_id, started.epoch)])
+            return self._verdict(started, verdict, fence[started.task_id], chain=False) is not LATE
 
     def _verdict(
         self,
@@ -320,8 +307,11 @@ class StepLifecycle:
         chain: bool,
         side_effects: bool = True,
     ) -> Started | NeedsProbe | Deferred | None | Late:
-        """`_commit`'s body, inside the caller's transaction, given the task as fenced (locked)
-        there, or why this worker no longer holds it. `chain` only if the disk has room."""
+        """Inside the caller's transaction, given the task as fenced (locked) there, or why this
+        worker no longer holds it: the verdict, and with `chain` the start of the task's next
+        step under the same lease (what the next tick would do, minus a claim and a commit),
+        while the verdict was `done`, the task still runs and this worker may take work.
+        `chain` only if the disk has room."""
         if isinstance(fence, lease.TaskGone):
             log.warning("verdict for %s dropped: %s", started.step, fence)
             return LATE

@@ -9,7 +9,7 @@ from django.forms.models import model_to_dict
 from django.utils import timezone
 
 from loop import rows
-from loop.models import Event, Step, Task
+from loop.models import Effect, Step, Task
 
 from .conftest import make_task, step
 
@@ -35,24 +35,27 @@ def test_update_and_insert_write_what_the_orm_reads_back(db: None) -> None:
         )
         assert changed == 1
         assert rows.update(Step, {"attempts": 3}, {"id": a.pk, "state": "done"}) == 0
-        event_id = rows.insert(
-            Event,
-            {
-                "kind": "step_edited",
-                "task": task,
-                "step": a,
-                "actor": "t",
-                "data": {},
-                "created_at": later,
-            },
+        [intent] = rows.create_many(
+            Effect,
+            [
+                {
+                    "id": "e" * 64,
+                    "task": task,
+                    "step": a,
+                    "tool": "http.post",
+                    "request": {"json": [1, "two", None]},
+                    "lease_until": later,
+                }
+            ],
         )
     a.refresh_from_db()
     assert (a.output, a.retry_at, a.attempts) == ({"ok": [True]}, later, 2)
-    event = Event.objects.get(pk=event_id)
-    assert (event.task_id, event.step_id, event.data, event.created_at) == (
+    effect = Effect.objects.get(pk="e" * 64)
+    assert model_to_dict(effect) == model_to_dict(intent)
+    assert (effect.task_id, effect.step_id, effect.request, effect.lease_until) == (
         task.pk,
         a.pk,
-        {},
+        {"json": [1, "two", None]},
         later,
     )
     assert Task.objects.filter(pk=task.pk, lease_owner__isnull=True).exists()

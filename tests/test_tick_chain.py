@@ -33,7 +33,7 @@ def test_a_task_runs_all_its_steps_under_one_claim(worker: Runner) -> None:
 def test_the_next_step_starts_in_the_verdicts_commit(worker: Runner) -> None:
     task = make_task(step("a"), step("b"))
     a = claim_and_start(worker)
-    b = worker._commit(a, Verdict.done({"value": "a"}), chain=True)
+    [b] = worker._commit_batch([(a, Verdict.done({"value": "a"}))], [])
     assert isinstance(b, Started) and b.step.key == "b" and b.epoch == a.epoch
     task.refresh_from_db()
     assert task.lease_owner == worker.worker_id  # still held: nobody else may take b
@@ -44,7 +44,7 @@ def test_a_task_paused_while_its_step_ran_does_not_go_on(worker: Runner) -> None
     task = make_task(step("a"), step("b"))
     a = claim_and_start(worker)
     actions.pause(task_id=task.pk, actor="dad")
-    assert worker._commit(a, Verdict.done({"value": "a"}), chain=True) is None
+    assert worker._commit_batch([(a, Verdict.done({"value": "a"}))], []) == []
     task.refresh_from_db()
     assert task.state == "paused" and task.lease_owner is None
     assert task.steps.get(key="a").state == "done" and task.steps.get(key="b").state == "pending"
@@ -54,7 +54,7 @@ def test_a_draining_worker_finishes_its_step_and_takes_no_next_one(worker: Runne
     task = make_task(step("a"), step("b"))
     a = claim_and_start(worker)
     worker.stopping = True  # the first SIGTERM
-    assert worker._commit(a, Verdict.done({"value": "a"}), chain=True) is None
+    assert worker._commit_batch([(a, Verdict.done({"value": "a"}))], []) == []
     assert Task.objects.get(pk=task.pk).lease_owner is None
     assert task.steps.get(key="b").state == "pending"
 
@@ -62,7 +62,7 @@ def test_a_draining_worker_finishes_its_step_and_takes_no_next_one(worker: Runne
 def test_a_retry_verdict_lets_the_lease_go(worker: Runner) -> None:
     task = make_task(step("a"), step("b"))
     a = claim_and_start(worker)
-    assert worker._commit(a, Verdict.retry("flaky", delay=60), chain=True) is None
+    assert worker._commit_batch([(a, Verdict.retry("flaky", delay=60))], []) == []
     task.refresh_from_db()
     assert task.lease_owner is None and task.run_after is not None
 

@@ -226,8 +226,8 @@ def effect(call: Call) -> HttpResponse:
         raise ApiError(400, "key: must be a non-empty string of at most 200 characters")
     task = get_task(started.task_id)
     owner = call.agent.lease_owner
-    if task.lease_owner != owner or task.lease_epoch != started.epoch:
-        raise ApiError(409, _moved_on(started))
+    if not lease.held_by(task, owner, started.epoch):
+        raise ApiError(409, _moved_on(started))  # before any intent of a stale holder is written
     holder = effects.Holder(owner=owner, epoch=started.epoch, actor=call.agent.actor)
     eid = effects.effect_id(step, tool.name, args, key)
     try:
