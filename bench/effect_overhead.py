@@ -17,7 +17,9 @@ ratio moves with how fast the disk syncs against how fast the processor runs Pyt
 
 `--explain` then runs 200 more steps through an in-process worker and splits a step's time into
 commits (fsync), executing SQL, performing the effects (the batch's HTTP round trips, at once)
-and the rest (Python), and gives the worker's CPU time per step.
+and the rest (Python), and gives the worker's CPU time per step; beside them, the CPU time of
+one `http.client` POST and of one statement through Django's cursor, measured on their own,
+and the time a whole step may take for the ratio to reach the target.
 """
 
 from __future__ import annotations
@@ -235,6 +237,38 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
     }
 
 
+def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, float]:
+    """The CPU time (ms) of two parts no side-effect step can do without, outside the loop:
+    one POST through `http.client` on a new connection (as `http.post` sends it), and one
+    one-row UPDATE through Django's cursor (as the loop runs each statement)."""
+    import http.client
+    import urllib.parse
+
+    from django.db import connection, transaction
+
+    where = urllib.parse.urlsplit(url)
+    began = time.process_time()
+    for n in range(requests):
+        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=5)
+        body = json.dumps([n, 0]).encode()
+        headers = {"Idempotency-Key": f"{n:064d}", "Content-Type": "application/json"}
+        conn.request("POST", where.path, body=body, headers=headers)
+        conn.getresponse().read()
+        conn.close()
+    request_ms = (time.process_time() - began) / requests * 1000
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE part (id INTEGER PRIMARY KEY, state TEXT)")
+            cursor.execute("INSERT INTO part (id, state) VALUES (1, 'pending')")
+        began = time.process_time()
+        for n in range(statements):
+            with connection.cursor() as cursor:
+                cursor.execute("UPDATE part SET state = %s WHERE id = %s", [str(n), 1])
+        statement_ms = (time.process_time() - began) / statements * 1000
+        transaction.set_rollback(True)
+    return {"http_client_request": round(request_ms, 3), "django_statement": round(statement_ms, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=500, help="side-effect steps to run")
@@ -249,7 +283,7 @@ def main() -> None:
         before, cpu_before = raw_units_per_second(folder / "raw-before.sqlite3", options.units)
         steps, count = loop_steps_per_second(folder, options.steps, url)
         after, cpu_after = raw_units_per_second(folder / "raw-after.sqlite3", options.units)
-        split = explain(url) if options.explain else None
+        split = {**explain(url), "parts_cpu_ms": parts(url)} if options.explain else None
     finally:
         sink.kill()
         shutil.rmtree(folder, ignore_errors=True)
@@ -266,6 +300,7 @@ def main() -> None:
     }
     if split:
         figures["explain"] = split
+        figures["step_ms_for_target"] = round(1000 / (0.5 * raw), 3)
     print(json.dumps(figures))
     print(
         f"{steps:.1f} side-effect steps/s vs {raw:.1f} raw three-commit units/s: "
