@@ -261,7 +261,8 @@ def _moved_together(
     if len(effects) < 2 or len({e.state for e in effects}) > 1 or len(effects) < len(sends):
         return False
     try:
-        move_effects(effects, event, actor=sends[0].holder.actor, fields=fields, where=where)
+        with transaction.atomic():  # a savepoint: undone if any one of them had moved
+            move_effects(effects, event, actor=sends[0].holder.actor, fields=fields, where=where)
     except Conflict:
         return False
     return True

@@ -32,7 +32,7 @@ from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import Effect, EffectState, EventKind, Step, StepState, Task, TaskState
-from .transitions import move_step
+from .transitions import move_step, move_steps
 
 log = logging.getLogger("loop.runner")
 
@@ -43,13 +43,6 @@ class Started:
     epoch: int
     step: Step
     call: effects.Send | None = None  # its side-effect call, intent written with its start
-
-
-class Late:
-    """A verdict refused by the fencing check (journaled as `late_result`)."""
-
-
-LATE = Late()
 
 
 class Deferred:
@@ -110,26 +103,19 @@ class StepLifecycle:
         """These verdicts, each fenced, in one transaction; with each `done` the start of that
         task's next step, unless it has side effects and the batch (with the steps still
         `waiting` to run) already holds `effects_size` such steps."""
-        batch: list[Begun] = []
         room = not low_disk_reason()
         names = named([started for started, _ in verdicts])
         with transaction.atomic(), journal.batched():
-            self.in_hand = names
+            self.in_hand = names  # a failure here loses all of them
             fences = lease.fenced_all(self.worker_id, [(s.task_id, s.epoch) for s, _ in verdicts])
-            for started, verdict in verdicts:
-                self.in_hand = f"task {started.task_id} step '{started.step.key}'"
-                room_for_effects = _effect_steps([*waiting, *batch]) < self.effects_size
-                begun = self._verdict(
-                    started,
-                    verdict,
-                    fences[started.task_id],
-                    chain=not self.once and room,
-                    side_effects=room_for_effects,
-                )
-                if isinstance(begun, Started | NeedsProbe):
-                    batch.append(begun)
+            going_on = self._verdicts(verdicts, fences, chain=not self.once and room)
+            steps = _first_open_steps([task.pk for task, _ in going_on])
+            begun = self._begin_all(
+                [(task, epoch, steps.get(task.pk)) for task, epoch in going_on],
+                effects_room=self.effects_size - _effect_steps(waiting),
+            )
+            batch = [b for b in begun if isinstance(b, Started | NeedsProbe)]
             self._intend_first_calls(batch)
-            self.in_hand = names  # what a failing COMMIT would lose
         return batch
 
     def _intend_first_calls(self, batch: list[Begun]) -> None:
@@ -146,33 +132,49 @@ class StepLifecycle:
                     calls.append(begun.call)
         effects.intend_all(calls)
 
-    def _begin(
+    def _begin(self, task_id: int, epoch: int, probed: bool = False) -> Started | NeedsProbe | None:
+        """Inside the transaction that claimed (or fenced) the task: guard its first open step
+        and start it, or record why not and let the lease go (`_begin_all` of one task)."""
+        self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
+        task = rows.load(Task, "id = %s", [task_id])
+        assert task is not None
+        step = _first_open_steps([task_id]).get(task_id)
+        self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
+        [begun] = self._begin_all([(task, epoch, step)], probed=probed)
+        assert not isinstance(begun, Deferred)
+        return begun
+
+    def _begin_all(
         self,
-        task_id: int,
-        epoch: int,
-        probed: bool = False,
-        task: Task | None = None,
+        held: list[tuple[Task, int, Step | None]],
         *,
-        side_effects: bool = True,
+        probed: bool = False,
+        effects_room: int | None = None,
+    ) -> list[Started | NeedsProbe | Deferred | None]:
+        """Inside the caller's transaction, for each held task (at its lease epoch) with its
+        first open step: guard the step and start it, or record why not (a question, the
+        attempt cap, a wait) and let the lease go. The starts are written together, one
+        statement for each kind of start. Once `effects_room` side-effect steps have begun, a
+        further one is left for a later tick (`DEFERRED`, lease let go)."""
+        starts: list[tuple[Step, guard.Decision]] = []
+        begun: list[Started | NeedsProbe | Deferred | None] = []
+        for task, epoch, step in held:
+            room = effects_room is None or _effect_steps(begun) < effects_room
+            begun.append(self._guard(task, epoch, step, starts, probed=probed, side_effects=room))
+        self._start_all(starts)
+        return begun
+
+    def _guard(
+        self,
+        task: Task,
+        epoch: int,
+        step: Step | None,
+        starts: list[tuple[Step, guard.Decision]],
+        *,
+        probed: bool,
+        side_effects: bool,
     ) -> Started | NeedsProbe | Deferred | None:
-        """Inside the claim's (or the previous verdict's) transaction: guard the first open
-        step and start it, or record why not (a question, the attempt cap, a wait) and let
-        the lease go. `task` is the row if the caller already read it in this transaction.
-        Without `side_effects`, a side-effect step is left for a later tick."""
-        fresh = task is None  # a fresh claim (not a chained start)
-        if task is None:
-            self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
-            task = rows.load(Task, "id = %s", [task_id])
-            assert task is not None
-        # Step.objects.open().first(), in plan order (index step_position_unique).
-        step = rows.load(
-            Step,
-            "task_id = %s AND state NOT IN (%s, %s)",
-            [task.pk, StepState.DONE, StepState.FAILED],
-            order="position",
-        )
-        if fresh:  # a chained start's failure is in its predecessor's verdict commit
-            self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
+        """One task of `_begin_all`: a step the guard lets start is added to `starts`."""
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             lease.release(task)
@@ -206,12 +208,12 @@ class StepLifecycle:
             resume_unsent=settings.LOOP_RESUME_UNSENT,
         )
         if decision.starts:
-            self._start(step, decision)
-            return Started(task_id, epoch, step)
+            starts.append((step, decision))
+            return Started(task.pk, epoch, step)
         if decision is guard.Decision.ASK_DID_IT_HAPPEN:
             uncertain = [e for e in step_effects if e.state == EffectState.UNCERTAIN]
             if not probed and any(_probe_of(e) and not e.evidence for e in uncertain):
-                return NeedsProbe(task_id, epoch, uncertain)  # keep the lease; ask the world
+                return NeedsProbe(task.pk, epoch, uncertain)  # keep the lease; ask the world
             self._ask(step, *questions.did_it_happen(uncertain))
         elif decision in (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT):
             target, summary = _describe(step, tool)
@@ -221,7 +223,7 @@ class StepLifecycle:
             self._fail(step, f"gave up after {step.attempts} attempts (max {step.max_attempts})")
         elif decision is guard.Decision.WAIT:
             until = max(e.lease_until for e in step_effects if e.lease_until and _live(e, now))
-            Task.objects.filter(pk=task_id).update(run_after=until)
+            Task.objects.filter(pk=task.pk).update(run_after=until)
         task.refresh_from_db()
         actions.follow(task, actor=self.actor)
         lease.release(task)
@@ -240,35 +242,42 @@ class StepLifecycle:
         assert begun is None or isinstance(begun, Started)
         return begun
 
-    def _start(self, step: Step, decision: guard.Decision) -> None:
+    def _start_all(self, starts: list[tuple[Step, guard.Decision]]) -> None:
+        """Start these steps (first starts with one statement, restarts with another), and
+        journal what let each one start where the guard says so."""
         now = timezone.now()
-        event = "start" if step.state == StepState.PENDING else "restart"
-        kind = EventKind.STEP_STARTED if event == "start" else EventKind.STEP_RESTARTED
-        authorized_by = step.authorized_by
-        move_step(
-            step,
-            event,
-            kind=kind,
-            actor=self.actor,
-            fields={
-                "attempts": step.attempts + 1,
-                "started_at": now,
-                "retry_at": None,
-                "authorized_by": "",
-                "error": "",
-                "question_kind": "",
-                "question_text": "",
-            },
-            data={"cut": event == "restart" and step.retry_at is None},
-        )
-        if decision is guard.Decision.START_AUTHORIZED:
-            journal.record(
-                EventKind.AUTHORIZATION_CONSUMED, step=step, actor=self.actor, by=authorized_by
-            )
-        elif decision is guard.Decision.START_RESUMED_UNSENT:
-            journal.record(EventKind.SIDE_EFFECT_RESUMED_UNSENT, step=step, actor=self.actor)
-        elif decision is guard.Decision.START_AUTO_CONFIRMED:
-            journal.record(EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step=step, actor=self.actor)
+        notes = [(step, decision, step.authorized_by) for step, decision in starts]
+        first = [step for step, _ in starts if step.state == StepState.PENDING]
+        again = [step for step, _ in starts if step.state != StepState.PENDING]
+        for event, kind, moving in (
+            ("start", EventKind.STEP_STARTED, first),
+            ("restart", EventKind.STEP_RESTARTED, again),
+        ):
+            if not moving:
+                continue
+            fields = [
+                {
+                    "attempts": step.attempts + 1,
+                    "started_at": now,
+                    "retry_at": None,
+                    "authorized_by": "",
+                    "error": "",
+                    "question_kind": "",
+                    "question_text": "",
+                }
+                for step in moving
+            ]
+            cut = [{"cut": event == "restart" and step.retry_at is None} for step in moving]
+            move_steps(moving, event, kind=kind, actor=self.actor, fields=fields, data=cut)
+        for step, decision, authorized_by in notes:
+            if decision is guard.Decision.START_AUTHORIZED:
+                journal.record(
+                    EventKind.AUTHORIZATION_CONSUMED, step=step, actor=self.actor, by=authorized_by
+                )
+            elif decision is guard.Decision.START_RESUMED_UNSENT:
+                journal.record(EventKind.SIDE_EFFECT_RESUMED_UNSENT, step=step, actor=self.actor)
+            elif decision is guard.Decision.START_AUTO_CONFIRMED:
+                journal.record(EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step=step, actor=self.actor)
 
     def _ask(self, step: Step, kind: str, text: str) -> None:
         move_step(
@@ -296,48 +305,68 @@ class StepLifecycle:
         is started (the worker's batches do that in `_commit_batch`)."""
         with transaction.atomic():
             fence = lease.fenced_all(self.worker_id, [(started.task_id, started.epoch)])
-            return self._verdict(started, verdict, fence[started.task_id], chain=False) is not LATE
+            self._verdicts([(started, verdict)], fence, chain=False)
+        return not isinstance(fence[started.task_id], lease.LeaseLost)
 
-    def _verdict(
+    def _verdicts(
         self,
-        started: Started,
-        verdict: Verdict,
-        fence: Task | lease.LeaseLost,
+        verdicts: list[tuple[Started, Verdict]],
+        fences: dict[int, Task | lease.LeaseLost],
         *,
         chain: bool,
-        side_effects: bool = True,
-    ) -> Started | NeedsProbe | Deferred | None | Late:
-        """Inside the caller's transaction, given the task as fenced (locked) there, or why this
-        worker no longer holds it: the verdict, and with `chain` the start of the task's next
-        step under the same lease (what the next tick would do, minus a claim and a commit),
-        while the verdict was `done`, the task still runs and this worker may take work.
-        `chain` only if the disk has room."""
-        if isinstance(fence, lease.TaskGone):
-            log.warning("verdict for %s dropped: %s", started.step, fence)
-            return LATE
-        if isinstance(fence, lease.LeaseLost):
-            exc = fence
-            journal.record(
-                EventKind.LATE_RESULT,
-                step=started.step,
-                actor=self.actor,
-                verdict=verdict.kind,
-                reason=str(exc),
-            )
-            log.warning("late verdict for %s refused: %s", started.step, exc)
-            return LATE
-        task = fence
-        # The row as our start wrote it: only this lease holder changes a running step,
+    ) -> list[tuple[Task, int]]:
+        """Inside the caller's transaction, given each task as fenced (locked) there, or why
+        this worker no longer holds it: the verdicts (the `done` ones with one statement). A
+        late one is journaled `late_result` and changes nothing. The tasks (with their epochs)
+        whose next step to start now, under the same lease (what the next tick would do, minus
+        a claim and a commit): with `chain`, those whose verdict was `done` while the task still
+        runs and this worker may take work. Every other task's lease is let go. `chain` only if
+        the disk has room."""
+        landed: list[tuple[Task, Started, Verdict]] = []
+        for started, verdict in verdicts:
+            fence = fences[started.task_id]
+            if isinstance(fence, lease.TaskGone):
+                log.warning("verdict for %s dropped: %s", started.step, fence)
+            elif isinstance(fence, lease.LeaseLost):
+                journal.record(
+                    EventKind.LATE_RESULT,
+                    step=started.step,
+                    actor=self.actor,
+                    verdict=verdict.kind,
+                    reason=str(fence),
+                )
+                log.warning("late verdict for %s refused: %s", started.step, fence)
+            else:
+                landed.append((fence, started, verdict))
+        # The rows as our starts wrote them: only this lease holder changes a running step,
         # and every transition compares the state it expects.
-        step = started.step
-        if chain and self._may_continue(task, verdict):
-            # The next step's guard and start decide the task's fate: follow() would see
-            # a running task whose first open step is not blocked, and change nothing.
-            self._apply(task, step, verdict, follow=False)
-            return self._begin(task.pk, started.epoch, task=task, side_effects=side_effects)
-        self._apply(task, step, verdict)
-        lease.release(task)
-        return None
+        done = [(started.step, verdict) for _, started, verdict in landed if verdict.kind == "done"]
+        if done:
+            now = timezone.now()
+            move_steps(
+                [step for step, _ in done],
+                "finish",
+                kind=EventKind.STEP_DONE,
+                actor=self.actor,
+                fields=[
+                    {"output": verdict.output, "finished_at": now, "retry_at": None}
+                    for _, verdict in done
+                ],
+                data=[{} for _ in done],
+            )
+        going_on = []
+        for task, started, verdict in landed:
+            if chain and self._may_continue(task, verdict):
+                # The next step's guard and start decide the task's fate: follow() would see
+                # a running task whose first open step is not blocked, and change nothing.
+                going_on.append((task, started.epoch))
+                continue
+            if verdict.kind == "done":
+                actions.follow(task, actor=self.actor)
+            else:
+                self._apply(task, started.step, verdict)
+            lease.release(task)
+        return going_on
 
     def _may_continue(self, task: Task, verdict: Verdict) -> bool:
         return (
@@ -348,18 +377,9 @@ class StepLifecycle:
             and time.monotonic() - self._claimed_at < settings.LOOP_CHAIN_SECONDS
         )
 
-    def _apply(self, task: Task, step: Step, verdict: Verdict, *, follow: bool = True) -> None:
-        if verdict.kind == "done":
-            move_step(
-                step,
-                "finish",
-                kind=EventKind.STEP_DONE,
-                actor=self.actor,
-                fields={"output": verdict.output, "finished_at": timezone.now(), "retry_at": None},
-            )
-            if follow:
-                actions.follow(task, actor=self.actor)
-        elif verdict.kind == "retry" and step.attempts < step.max_attempts:
+    def _apply(self, task: Task, step: Step, verdict: Verdict) -> None:
+        """A verdict other than `done`, on its step and task."""
+        if verdict.kind == "retry" and step.attempts < step.max_attempts:
             delay = verdict.delay
             if delay is None:
                 delay = settings.LOOP_RETRY_BASE_SECONDS * 2 ** (step.attempts - 1)
@@ -394,9 +414,28 @@ def named(batch: Sequence[Begun]) -> str:
     )
 
 
-def _effect_steps(batch: list[Begun]) -> int:
+def _effect_steps(batch: Sequence[Begun | Deferred | None]) -> int:
     """How many side-effect steps the batch holds (a step to probe is one)."""
-    return sum(isinstance(b, NeedsProbe) or b.step.side_effect for b in batch)
+    return sum(
+        isinstance(b, NeedsProbe) or (isinstance(b, Started) and b.step.side_effect) for b in batch
+    )
+
+
+def _first_open_steps(task_ids: list[int]) -> dict[int, Step]:
+    """Each task's first step that is neither done nor failed, in plan order (index
+    step_position_unique), with one statement."""
+    if not task_ids:
+        return {}
+    marks = ", ".join("%s" for _ in task_ids)
+    table = Step._meta.db_table
+    found = rows.load_all(  # only constant fragments are formatted in
+        Step,
+        f"task_id IN ({marks}) AND state NOT IN (%s, %s) AND position = ("  # noqa: S608
+        f"SELECT MIN(o.position) FROM {table} o "
+        f"WHERE o.task_id = {table}.task_id AND o.state NOT IN (%s, %s))",
+        [*task_ids, StepState.DONE, StepState.FAILED, StepState.DONE, StepState.FAILED],
+    )
+    return {step.task_id: step for step in found}
 
 
 def _live(effect: Effect, now: datetime) -> bool:

@@ -8,10 +8,8 @@ moved under us (someone else won) raises `Conflict`; an illegal move raises
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from . import journal, rows
@@ -39,7 +37,9 @@ def _cas_all(
     where: list[dict[str, Any]],
 ) -> None:
     """Compare-and-set these rows of one model in one statement: all of them move, or
-    Conflict and none did."""
+    Conflict. After a Conflict the rows that matched have moved, in the database though not in
+    memory: a caller that goes on after one undoes them (a savepoint around the call), one that
+    does not lets the whole transaction roll back."""
     model = type(objs[0])
     now = timezone.now()
     changes = []
@@ -52,13 +52,31 @@ def _cas_all(
     matches = [
         {pk: obj.pk, "state": obj.state, **match} for obj, match in zip(objs, where, strict=True)
     ]
-    # One row changes or not on its own; several share a savepoint, undone if any one lost.
-    with transaction.atomic() if len(objs) > 1 else nullcontext():
-        if rows.update_many(model, changes, matches) != len(objs):
-            raise Conflict(", ".join(f"{obj} is no longer {obj.state}" for obj in objs))
+    if rows.update_many(model, changes, matches) != len(objs):
+        raise Conflict(", ".join(f"{obj} is no longer {obj.state}" for obj in objs))
     for obj, change in zip(objs, changes, strict=True):
         for name, value in change.items():
             setattr(obj, name, value)
+
+
+def move_steps(
+    steps: Sequence[Step],
+    event: str,
+    *,
+    kind: EventKind,
+    actor: str,
+    fields: list[dict[str, Any]],
+    data: list[dict[str, Any]],
+) -> None:
+    """`move_step` for several steps, each with its own values for the same fields and its
+    own journal data, in one statement: all move, or Conflict (see `_cas_all`)."""
+    olds = [step.state for step in steps]
+    [new] = {STEP.check(old, event) for old in olds}  # one statement writes one state
+    _cas_all(steps, new, fields, [{} for _ in steps])
+    for step, old, extra in zip(steps, olds, data, strict=True):
+        journal.record(
+            kind, step=step, actor=actor, old=old, new=new, attempts=step.attempts, **extra
+        )
 
 
 def move_step(
@@ -70,12 +88,7 @@ def move_step(
     fields: dict[str, Any] | None = None,
     data: dict[str, Any] | None = None,
 ) -> None:
-    old = step.state
-    new = STEP.check(old, event)
-    _cas(step, new, fields or {})
-    journal.record(
-        kind, step=step, actor=actor, old=old, new=new, attempts=step.attempts, **(data or {})
-    )
+    move_steps([step], event, kind=kind, actor=actor, fields=[fields or {}], data=[data or {}])
 
 
 def move_task(
@@ -102,7 +115,7 @@ def move_effects(
     data: dict[str, Any] | None = None,
 ) -> None:
     """`move_effect` for several effects in one state, each with its own values for the same
-    fields and conditions, in one statement: all move, or Conflict and none did."""
+    fields and conditions, in one statement: all move, or Conflict (see `_cas_all`)."""
     old = effects[0].state
     assert all(e.state == old for e in effects), "one statement moves effects of one state"
     new = EFFECT.check(old, event)

@@ -14,6 +14,7 @@ from loop.judges import Verdict
 from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner
 from loop.tick import Started
+from loop.transitions import Conflict
 
 from .conftest import make_task, run_until_idle, step
 
@@ -55,7 +56,10 @@ def test_three_tasks_move_a_step_each_per_commit(worker: Runner, commits: list[i
         assert done.output["state"] == "running"
         assert len(done.output["running"]) == 3  # the whole batch was in flight
     kinds = [e.kind for e in Event.objects.filter(kind__in=["step_started", "step_done"])]
-    assert kinds == ["step_started"] * 3 + ["step_done", "step_started"] * 3 + ["step_done"] * 3
+    # The verdict commit finishes the three first steps together, then starts the three next.
+    assert (
+        kinds == ["step_started"] * 3 + ["step_done"] * 3 + ["step_started"] * 3 + ["step_done"] * 3
+    )
 
 
 def test_side_effect_steps_run_last_and_together_sharing_the_outbox_commits(
@@ -186,3 +190,41 @@ def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
     }
     for done in verdicts:
         assert done[1].output["effects_running"] == 2
+
+
+def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
+    worker: Runner,
+) -> None:
+    for n in range(3):
+        make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}")
+    with transaction.atomic():
+        begun = worker._claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    assert len(batch) == 3
+    Effect.objects.filter(step__key="e1").update(state="cancelled")  # by a person, meanwhile
+    verdicts, _ = worker._judge(batch)
+    # The claim of all three lost on e1 and was undone; e0 and e2 were then claimed one by
+    # one (each once) and performed; e1 was neither claimed nor performed.
+    assert dict(Effect.objects.values_list("step__key", "state")) == {
+        "e0": "succeeded",
+        "e1": "cancelled",
+        "e2": "succeeded",
+    }
+    assert dict(Effect.objects.values_list("step__key", "sends")) == {"e0": 1, "e1": 0, "e2": 1}
+    claims = Event.objects.filter(kind="effect_state", data__new="running")
+    assert sorted(claim.step.key for claim in claims) == ["e0", "e2"]
+    assert {s.step.key: v.kind for s, v in verdicts}["e0"] == "done"
+
+
+def test_a_verdict_batch_that_finds_a_step_moved_commits_nothing(worker: Runner) -> None:
+    make_task(seen("a"), title="a")
+    make_task(seen("b"), title="b")
+    with transaction.atomic():
+        begun = worker._claim_batch()
+    Step.objects.filter(key="b").update(state="blocked")  # not the state its start wrote
+    verdicts = [(s, Verdict.done({"ok": True})) for s in begun if isinstance(s, Started)]
+    with pytest.raises(Conflict):
+        worker._commit_batch(verdicts, [])
+    # Finished together or not at all: a's verdict went with the batch's transaction.
+    assert dict(Step.objects.values_list("key", "state")) == {"a": "running", "b": "blocked"}
+    assert not Event.objects.filter(kind="step_done").exists()
