@@ -1,7 +1,7 @@
 """Side-effect steps per second through a real `runloop`, beside the raw rate of three-commit
 transactions on the same disk, and their ratio (issue 3: target 0.5 or more).
 
-    .venv/bin/python bench/effect_overhead.py [--steps 500] [--units 2000] [--dir DIR] [--explain]
+    .venv/bin/python bench/effect_overhead.py [--steps 2000] [--units 4000] [--dir DIR] [--explain]
 
 Each step is an `http.post` to a sink started here that answers at once, so the figure is the
 loop's own cost per effect: the intent (committed with the step's start), the fenced claim
@@ -271,8 +271,8 @@ def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=500, help="side-effect steps to run")
-    parser.add_argument("--units", type=int, default=2000, help="raw three-commit units")
+    parser.add_argument("--steps", type=int, default=2000, help="side-effect steps to run")
+    parser.add_argument("--units", type=int, default=4000, help="raw three-commit units")
     parser.add_argument("--dir", type=Path, default=None, help="folder for both databases")
     parser.add_argument("--explain", action="store_true", help="split a step's time, too")
     options = parser.parse_args()

@@ -30,11 +30,19 @@ def _db(value: datetime) -> Any:
 
 
 def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
-    """Claim one runnable task whose lease is free; returns (task id, new epoch).
+    """Claim one runnable task whose lease is free: (task id, new epoch), or None."""
+    claimed = claim_many(owner, 1, seconds=seconds)
+    return claimed[0] if claimed else None
 
-    One UPDATE … WHERE id = (SELECT …) AND lease free … RETURNING: the row is claimed only if
-    nobody holds it, even when the subquery raced another worker. Least-claimed first (every claim bumps the epoch), so a long task cannot starve the
-    others. Uses index task_claim (state, lease_epoch, id).
+
+def claim_many(owner: int, count: int, *, seconds: int | None = None) -> list[tuple[int, int]]:
+    """Claim up to `count` runnable tasks whose leases are free; (task id, new epoch) of each,
+    least-claimed first.
+
+    One UPDATE … WHERE id IN (SELECT … LIMIT count) AND lease free … RETURNING: a row is
+    claimed only if nobody holds it, even when the subquery raced another worker. Least-claimed
+    first (every claim bumps the epoch), so a long task cannot starve the others. Uses index
+    task_claim (state, lease_epoch, id).
     """
     now = timezone.now()
     until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
@@ -42,15 +50,18 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     free = "(lease_until IS NULL OR lease_until < %s)"
     sql = (  # only constant fragments are formatted in
         f"UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "  # noqa: S608
-        f"WHERE id = (SELECT id FROM loop_task WHERE state = %s AND {free} "
-        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY lease_epoch, id LIMIT 1{skip_locked}) "
-        f"AND {free} RETURNING id, lease_epoch"
+        f"WHERE id IN (SELECT id FROM loop_task WHERE state = %s AND {free} "
+        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY lease_epoch, id LIMIT %s"
+        f"{skip_locked}) AND {free} RETURNING id, lease_epoch"
     )
-    params = [owner, _db(until), TaskState.RUNNING, _db(now), _db(now), _db(now)]
+    params = [owner, _db(until), TaskState.RUNNING, _db(now), _db(now), count, _db(now)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return (int(row[0]), int(row[1])) if row else None
+        found = cursor.fetchall()
+    # In the order the subquery chose them (each epoch is one more than it was).
+    return sorted(
+        ((int(i), int(e)) for i, e in found), key=lambda claimed: (claimed[1], claimed[0])
+    )
 
 
 def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:

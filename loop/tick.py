@@ -81,18 +81,21 @@ class StepLifecycle:
         raise NotImplementedError
 
     def _claim_batch(self) -> list[Begun]:
-        """Inside one transaction: claim up to `batch_size` tasks and begin each. Stops early
-        when no task is free, or once the batch holds `effects_size` side-effect steps."""
+        """Inside one transaction: claim up to `batch_size` tasks and begin each. Claims go in
+        rounds of as many tasks as the batch has room for, and never more than it has room for
+        side-effect steps (a task begins one step at most), so no claimed task is turned away.
+        Stops when no more tasks are free, or the batch is full."""
         batch: list[Begun] = []
         with journal.batched():
-            while len(batch) < self.batch_size and _effect_steps(batch) < self.effects_size:
+            while True:
+                room = self.batch_size - len(batch)
+                room = min(room, self.effects_size - _effect_steps(batch))
                 self.in_hand = ""  # a failure here is in "claiming a task"
-                claimed = lease.claim(self.worker_id)
-                if claimed is None:
+                claimed = lease.claim_many(self.worker_id, room) if room > 0 else []
+                if not claimed:
                     break
-                begun = self._begin(*claimed)
-                if isinstance(begun, Started | NeedsProbe):
-                    batch.append(begun)
+                begun = self._begin_claimed(claimed)
+                batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
             self.in_hand = named(batch)  # what the rest of its transaction would start
             self._intend_first_calls(batch)
         return batch
@@ -133,16 +136,27 @@ class StepLifecycle:
         effects.intend_all(calls)
 
     def _begin(self, task_id: int, epoch: int, probed: bool = False) -> Started | NeedsProbe | None:
-        """Inside the transaction that claimed (or fenced) the task: guard its first open step
-        and start it, or record why not and let the lease go (`_begin_all` of one task)."""
-        self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
-        task = rows.load(Task, "id = %s", [task_id])
-        assert task is not None
-        step = _first_open_steps([task_id]).get(task_id)
-        self.in_hand = f"task {task_id} step '{step.key}'" if step else f"task {task_id}"
-        [begun] = self._begin_all([(task, epoch, step)], probed=probed)
+        """`_begin_claimed` of one task."""
+        [begun] = self._begin_claimed([(task_id, epoch)], probed=probed)
         assert not isinstance(begun, Deferred)
         return begun
+
+    def _begin_claimed(
+        self, claimed: list[tuple[int, int]], *, probed: bool = False
+    ) -> list[Started | NeedsProbe | Deferred | None]:
+        """Inside the transaction that claimed (or fenced) these tasks at these epochs:
+        `_begin_all` of them, their rows and first open steps read with a statement each."""
+        self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
+        ids = [task_id for task_id, _ in claimed]
+        marks = ", ".join("%s" for _ in ids)
+        tasks = {task.pk: task for task in rows.load_all(Task, f"id IN ({marks})", ids)}
+        steps = _first_open_steps(ids)
+        held = [(tasks[task_id], epoch, steps.get(task_id)) for task_id, epoch in claimed]
+        self.in_hand = ", ".join(
+            f"task {task.pk} step '{step.key}'" if step else f"task {task.pk}"
+            for task, _, step in held
+        )
+        return self._begin_all(held, probed=probed)
 
     def _begin_all(
         self,

@@ -4,12 +4,15 @@ read-only ones, sharing the outbox's commits, each effect claimed before it is p
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connections, transaction
 from django.db.models import F
+from django.utils import timezone
 
+from loop import lease
 from loop.judges import Verdict
 from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner
@@ -228,3 +231,14 @@ def test_a_verdict_batch_that_finds_a_step_moved_commits_nothing(worker: Runner)
     # Finished together or not at all: a's verdict went with the batch's transaction.
     assert dict(Step.objects.values_list("key", "state")) == {"a": "running", "b": "blocked"}
     assert not Event.objects.filter(kind="step_done").exists()
+
+
+def test_one_statement_claims_the_least_claimed_free_tasks(worker: Runner) -> None:
+    tasks = [make_task(seen(f"c{n}"), title=f"c{n}") for n in range(4)]
+    Task.objects.filter(pk=tasks[0].pk).update(lease_epoch=5)  # claimed often before
+    held_until = timezone.now() + timedelta(minutes=5)
+    Task.objects.filter(pk=tasks[1].pk).update(lease_owner=99, lease_until=held_until)
+    assert lease.claim_many(worker.worker_id, 2) == [(tasks[2].pk, 1), (tasks[3].pk, 1)]
+    # What is left: the often-claimed one; never the one another holds.
+    assert lease.claim_many(worker.worker_id, 5) == [(tasks[0].pk, 6)]
+    assert Task.objects.get(pk=tasks[1].pk).lease_owner == 99
