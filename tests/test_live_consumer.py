@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 
@@ -18,6 +20,15 @@ from pippa_site.asgi import application
 from .conftest import make_task, step
 
 ORIGIN = [(b"origin", b"http://127.0.0.1")]
+
+
+@pytest.fixture(autouse=True)
+def own_channel_layer() -> Iterator[None]:
+    """Each test gets a channel layer of its own, so no state of an earlier test's event loop
+    (a Redis layer keeps per-loop pools and receive clean-ups) is waited on in this one."""
+    channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
+    yield
+    channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
 
 
 async def connect_as(user: User, query: str) -> WebsocketCommunicator:
