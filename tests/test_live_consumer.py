@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +30,16 @@ def own_channel_layer() -> Iterator[None]:
     channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
     yield
     channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    """The scenario on an event loop of its own. If it hangs, it fails within a minute. The
+    failure's traceback shows the await it was stuck in."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(scenario(), timeout=60)
+
+    async_to_sync(bounded)()
 
 
 async def connect_as(user: User, query: str) -> WebsocketCommunicator:
@@ -73,7 +84,7 @@ def test_anonymous_is_rejected(transactional_db: None) -> None:
         connected, code = await communicator.connect()
         assert not connected and code == 4401
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_reconnect_with_the_last_event_id_gets_exactly_the_missed_events(
@@ -124,7 +135,7 @@ def test_reconnect_with_the_last_event_id_gets_exactly_the_missed_events(
         await second.disconnect()
         await live.tailer().stop()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_reader_gets_pages_without_buttons(
@@ -152,4 +163,4 @@ def test_a_reader_gets_pages_without_buttons(
         await boss.disconnect()
         await live.tailer().stop()
 
-    async_to_sync(scenario)()
+    run(scenario)
