@@ -467,9 +467,6 @@ def _describe(step: Step, tool: tools.Tool | None) -> tuple[str, str]:
     if tool is None:
         return "", f"tool '{step.tool}' is not installed"
     try:
-        outputs = dict(step.task.steps.filter(state=StepState.DONE).values_list("key", "output"))
-        from .plans import resolve
-
-        return tool.summary(resolve(step.args, outputs))
+        return tool.summary(tool_judge.resolved_args(step))
     except tools.ToolError:
         return tool.summary(step.args)

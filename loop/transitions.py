@@ -21,15 +21,6 @@ class Conflict(Exception):
     """The row was not in the state we read: another writer won the race."""
 
 
-def _cas(
-    obj: Step | Task | Effect,
-    new_state: str,
-    fields: dict[str, Any],
-    where: dict[str, Any] | None = None,
-) -> None:
-    _cas_all([obj], new_state, [fields], [where or {}])
-
-
 def _cas_all(
     objs: Sequence[Step | Task | Effect],
     new_state: str,
@@ -71,7 +62,9 @@ def move_steps(
     """`move_step` for several steps, each with its own values for the same fields and its
     own journal data, in one statement: all move, or Conflict (see `_cas_all`)."""
     olds = [step.state for step in steps]
-    [new] = {STEP.check(old, event) for old in olds}  # one statement writes one state
+    news = {STEP.check(old, event) for old in olds}
+    assert len(news) == 1, f"one statement writes one state, not {sorted(news)}"
+    new = news.pop()
     _cas_all(steps, new, fields, [{} for _ in steps])
     for step, old, extra in zip(steps, olds, data, strict=True):
         journal.record(
@@ -101,7 +94,7 @@ def move_task(
 ) -> None:
     old = task.state
     new = TASK.check(old, event)
-    _cas(task, new, fields or {})
+    _cas_all([task], new, [fields or {}], [{}])
     journal.record(EventKind.TASK_STATE, task=task, actor=actor, old=old, new=new, **(data or {}))
 
 

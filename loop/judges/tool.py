@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
@@ -74,14 +74,7 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Send:
     """A read-only call runs now; a side-effect call is handed back, to go to the outbox."""
     where = f"step '{step.key}'"
     tool = tools.get(step.tool)
-    args = step.args
-    if plans.references(args):
-        outputs = dict(
-            Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list(
-                "key", "output"
-            )
-        )
-        args = plans.resolve(args, outputs)
+    args = resolved_args(step)
     problems = tool.check_args(args, where)
     if problems:
         return Verdict.failed("; ".join(problems))
@@ -95,6 +88,17 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Send:
             f"{where} is read-only, but tool '{tool.name}' has side effects: nothing was sent"
         )
     return effects.Send(holder, step, tool, args)
+
+
+def resolved_args(step: Step) -> dict[str, Any]:
+    """The step's args, their `${key.path}` references filled from earlier steps' outputs
+    (ToolError if one cannot be)."""
+    if not plans.references(step.args):
+        return step.args
+    outputs = dict(
+        Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list("key", "output")
+    )
+    return plans.resolve(step.args, outputs)
 
 
 def _answered(send: effects.Send) -> Verdict:
