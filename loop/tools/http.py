@@ -3,16 +3,14 @@
 Outcomes follow DESIGN.md §6: a failure before the request was written (refused, DNS, TLS,
 connect timeout) is not sent; 2xx succeeded; 4xx rejected except 408 (uncertain) and 429 (not
 sent, retry after Retry-After); 5xx, or a timeout or reset after the request was written, is
-uncertain. The effect id goes out as `Idempotency-Key`.
+uncertain. The effect id goes out as `Idempotency-Key`. Each call is one exchange on a
+connection of its own (`wire`).
 """
 
 from __future__ import annotations
 
 import email.utils
-import http.client
 import json
-import socket
-import ssl
 import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,31 +19,28 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, tool
+from . import Arg, ProbeResult, ToolError, TransientError, tool, wire
 
 MAX_BODY = 1_000_000
 
 
-def _connection(url: str) -> tuple[http.client.HTTPConnection, str]:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ToolError(f"'url' must be an http(s) URL, not {url!r}")
-    timeout = settings.LOOP_HTTP_TIMEOUT
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout)
-    else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return conn, path
+def _target(url: Any) -> wire.Target:
+    try:
+        return wire.target(str(url))
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
 
 
-def _read(response: http.client.HTTPResponse) -> Any:
-    raw = response.read(MAX_BODY + 1)[:MAX_BODY]
-    text = raw.decode("utf-8", errors="replace")
-    if "json" in (response.getheader("Content-Type") or ""):
+def _request(method: str, where: wire.Target, headers: dict[str, str], body: bytes) -> bytes:
+    try:
+        return wire.request_bytes(method, where, headers, body)
+    except ValueError as exc:
+        raise ToolError(f"{method} {where.scheme}://{where.authority}{where.path}: {exc}") from None
+
+
+def _body(response: wire.Response) -> Any:
+    text = response.body.decode("utf-8", errors="replace")
+    if "json" in (response.header("Content-Type") or ""):
         try:
             return json.loads(text)
         except ValueError:
@@ -53,20 +48,23 @@ def _read(response: http.client.HTTPResponse) -> Any:
     return text
 
 
+def _headers(given: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (given or {}).items()}
+
+
 @tool("http.get", args={"url": Arg("string"), "headers": Arg("object", required=False)})
 def http_get(args: dict[str, Any]) -> dict[str, Any]:
-    conn, path = _connection(args["url"])
+    where = _target(args["url"])
+    request = _request("GET", where, _headers(args.get("headers")), b"")
     try:
-        conn.request("GET", path, headers=args.get("headers") or {})
-        response = conn.getresponse()
-        body = _read(response)
-    except (OSError, http.client.HTTPException) as exc:
+        with wire.connect(where, settings.LOOP_HTTP_TIMEOUT) as sock:
+            sock.sendall(request)
+            response = wire.receive(sock, "GET", MAX_BODY)
+    except (OSError, wire.ProtocolError) as exc:
         raise TransientError(f"GET {args['url']}: {exc}") from exc
-    finally:
-        conn.close()
     if response.status >= 500 or response.status in (408, 429):
         raise TransientError(f"GET {args['url']}: HTTP {response.status}")
-    return {"status": response.status, "headers": dict(response.getheaders()), "body": body}
+    return {"status": response.status, "headers": dict(response.headers), "body": _body(response)}
 
 
 WRITE_ARGS = {
@@ -93,9 +91,7 @@ def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], di
     # Ours, whatever the plan says: a caller's own Idempotency-Key (any spelling) would
     # let two different effects look alike to the receiver.
     headers = {
-        str(k): str(v)
-        for k, v in (args.get("headers") or {}).items()
-        if str(k).lower() != "idempotency-key"
+        k: v for k, v in _headers(args.get("headers")).items() if k.lower() != "idempotency-key"
     }
     headers["Idempotency-Key"] = effect_id
     if "json" in args:
@@ -104,46 +100,38 @@ def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], di
             headers["Content-Type"] = "application/json"
     else:
         payload = str(args.get("body", "")).encode()
-    conn, path = _connection(args["url"])
+    url = args["url"]
+    where = _target(url)
+    request = _request(method, where, headers, payload)  # checked whole before connecting
     try:
-        try:
-            conn.connect()
-        except (OSError, ssl.SSLError, socket.gaierror) as exc:
-            raise EffectNotSent(f"{method} {args['url']}: {exc}") from exc
-        try:
-            conn.request(method, path, body=payload, headers=headers)
-        except ValueError as exc:
-            # A header http.client refuses (it checks them all before writing a byte).
-            raise EffectRejected(f"{method} {args['url']}: {exc}") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise EffectUncertainError(
-                f"{method} {args['url']}: {exc} while the request was written"
-            ) from exc
-    except BaseException:
-        conn.close()
-        raise
+        sock = wire.connect(where, settings.LOOP_HTTP_TIMEOUT)
+    except OSError as exc:  # refused, DNS, TLS, connect timeout: nothing was written
+        raise EffectNotSent(f"{method} {url}: {exc}") from exc
+    try:
+        sock.sendall(request)
+    except OSError as exc:
+        sock.close()
+        raise EffectUncertainError(f"{method} {url}: {exc} while the request was written") from exc
 
     def finish() -> dict[str, Any]:
         try:
-            response = conn.getresponse()
-            body = _read(response)
-        except (OSError, http.client.HTTPException) as exc:
+            with sock:
+                response = wire.receive(sock, method, MAX_BODY)
+        except (OSError, wire.ProtocolError) as exc:
             raise EffectUncertainError(
-                f"{method} {args['url']}: {exc} after the request was written"
+                f"{method} {url}: {exc} after the request was written"
             ) from exc
-        finally:
-            conn.close()
-        return _judge(method, args["url"], response, body)
+        return _judge(method, url, response)
 
     return finish
 
 
-def _judge(method: str, url: str, response: http.client.HTTPResponse, body: Any) -> dict[str, Any]:
-    status = response.status
+def _judge(method: str, url: str, response: wire.Response) -> dict[str, Any]:
+    status, body = response.status, _body(response)
     if 200 <= status < 300:
         return {"status": status, "body": body}
     if status == 429:
-        delay = retry_after_seconds(response.getheader("Retry-After") or "")
+        delay = retry_after_seconds(response.header("Retry-After") or "")
         raise EffectNotSent(f"{method} {url}: HTTP 429", retry_after=delay)
     if status == 408 or status >= 500:
         raise EffectUncertainError(f"{method} {url}: HTTP {status}")
