@@ -20,8 +20,8 @@ ratio moves with how fast the disk syncs against how fast the processor runs Pyt
 `--explain` then runs 200 more steps through an in-process worker and splits a step's time into
 commits (fsync), executing SQL, performing the effects (the batch's HTTP round trips, at once)
 and the rest (Python), and gives the worker's CPU time per step; beside them, the CPU time of
-one `http.client` POST and of one statement through Django's cursor, measured on their own,
-and the time a whole step may take for the ratio to reach the target.
+one POST as `http.post` sends it and of one statement through Django's cursor, measured on
+their own, and the time a whole step may take for the ratio to reach the target.
 """
 
 from __future__ import annotations
@@ -249,22 +249,20 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
 
 def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, float]:
     """The CPU time (ms) of two parts no side-effect step can do without, outside the loop:
-    one POST through `http.client` on a new connection (as `http.post` sends it), and one
+    one POST on a new connection, as `http.post` sends it (`loop.tools.wire`), and one
     one-row UPDATE through Django's cursor (as the loop runs each statement)."""
-    import http.client
-    import urllib.parse
-
     from django.db import connection, transaction
 
-    where = urllib.parse.urlsplit(url)
+    from loop.tools import wire
+
+    where = wire.target(url)
     began = time.process_time()
     for n in range(requests):
-        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=5)
         body = json.dumps([n, 0]).encode()
         headers = {"Idempotency-Key": f"{n:064d}", "Content-Type": "application/json"}
-        conn.request("POST", where.path, body=body, headers=headers)
-        conn.getresponse().read()
-        conn.close()
+        with wire.connect(where, 5) as sock:
+            sock.sendall(wire.request_bytes("POST", where, headers, body))
+            wire.receive(sock, "POST", 1_000_000)
     request_ms = (time.process_time() - began) / requests * 1000
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -276,7 +274,7 @@ def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, f
                 cursor.execute("UPDATE part SET state = %s WHERE id = %s", [str(n), 1])
         statement_ms = (time.process_time() - began) / statements * 1000
         transaction.set_rollback(True)
-    return {"http_client_request": round(request_ms, 3), "django_statement": round(statement_ms, 3)}
+    return {"http_post": round(request_ms, 3), "django_statement": round(statement_ms, 3)}
 
 
 def main() -> None:

@@ -50,21 +50,20 @@ def record(
     **data: Any,
 ) -> None:
     """Append one event. Call inside `transaction.atomic()` with the change it records."""
-    if not connection.in_atomic_block:
+    held: list[list[Any]] | None = getattr(_held, "rows", None)
+    if held is None and not connection.in_atomic_block:  # a batch checked when it began
         raise RuntimeError(f"journal.record({kind}) outside a transaction")
     task_id = task.pk if isinstance(task, Task) else task
     if task_id is None and isinstance(step, Step):
         task_id = step.task_id
-    ops = connection.ops
-    held: list[list[Any]] | None = getattr(_held, "rows", None)
     row = [
         str(kind),
         task_id,
         step.pk if isinstance(step, Step) else step,
         effect.pk if effect is not None else None,
         actor,
-        ops.adapt_json_value(data, None),  # what Event.data (a JSONField) would store
-        _held.now if held is not None else ops.adapt_datetimefield_value(timezone.now()),
+        connection.ops.adapt_json_value(data, None) if held is None else _held.json(data, None),
+        connection.ops.adapt_datetimefield_value(timezone.now()) if held is None else _held.now,
     ]
     if held is not None:
         held.append(row)
@@ -80,8 +79,11 @@ def batched() -> Iterator[None]:
     if getattr(_held, "rows", None) is not None:
         yield  # already inside a batch: its end writes these too
         return
+    if not connection.in_atomic_block:
+        raise RuntimeError("journal.batched() outside a transaction")
     held: list[list[Any]] = []
     _held.rows = held
+    _held.json = connection.ops.adapt_json_value  # what Event.data (a JSONField) would store
     _held.now = connection.ops.adapt_datetimefield_value(timezone.now())
     try:
         yield

@@ -42,10 +42,36 @@ def _converters(model: type[Model]) -> list[tuple[Any, list[Converter]]]:
     result = []
     for field in model._meta.concrete_fields:
         col = field.get_col(table)
-        result.append(
-            (col, [*connection.ops.get_db_converters(col), *field.get_db_converters(connection)])  # type: ignore[attr-defined]
-        )
+        found = [*connection.ops.get_db_converters(col), *field.get_db_converters(connection)]  # type: ignore[attr-defined]
+        if isinstance(field, models.DateTimeField) and found:
+            found = [_remembering(found)]
+        result.append((col, found))
     return result
+
+
+def _remembering(converters: list[Converter]) -> Converter:
+    """These converters in turn, remembering what they made of recent values. The same stored
+    text comes back again and again (a task's `created_at` on each of its reads, the
+    `lease_until` a batch's claims share), and a datetime is immutable, so one parse serves
+    every read of it."""
+    seen: dict[Any, Any] = {}
+
+    def convert(value: Any, expression: Any, conn: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return seen[value]
+        except KeyError:
+            pass
+        result = value
+        for one in converters:
+            result = one(result, expression, conn)
+        if len(seen) >= 4096:
+            seen.clear()
+        seen[value] = result
+        return result
+
+    return convert
 
 
 def load(
@@ -215,7 +241,7 @@ def update_many(
         values = [*sets.values(), *(v for v in match.values() if v is not None)]
         params.append(
             [
-                _prep(field, value, conn, kind)
+                value if type(value) is kind[0] else _prep(field, value, conn, kind)
                 for (field, kind), value in zip(fields, values, strict=True)
             ]
         )
@@ -244,7 +270,13 @@ def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
     objs = [model(**one) for one in values]
     fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]
     names = tuple(f.name for f in model._meta.concrete_fields)
-    params = [[_prep(f, getattr(obj, at), conn, kind) for f, at, kind in fields] for obj in objs]
+    params = [
+        [
+            v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
+            for f, at, kind in fields
+        ]
+        for obj in objs
+    ]
     with conn.cursor() as cursor:
         cursor.executemany(insert_sql(model, names, returning=False), params)
     for obj in objs:
