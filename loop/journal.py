@@ -51,7 +51,12 @@ def record(
 ) -> None:
     """Append one event. Call inside `transaction.atomic()` with the change it records."""
     held: list[list[Any]] | None = getattr(_held, "rows", None)
-    if held is None and not connection.in_atomic_block:  # a batch checked when it began
+    if held is not None:
+        ops, now = _held.ops, _held.now  # looked up once, when the batch began
+    elif connection.in_atomic_block:
+        ops = connection.ops
+        now = ops.adapt_datetimefield_value(timezone.now())
+    else:
         raise RuntimeError(f"journal.record({kind}) outside a transaction")
     task_id = task.pk if isinstance(task, Task) else task
     if task_id is None and isinstance(step, Step):
@@ -62,8 +67,8 @@ def record(
         step.pk if isinstance(step, Step) else step,
         effect.pk if effect is not None else None,
         actor,
-        connection.ops.adapt_json_value(data, None) if held is None else _held.json(data, None),
-        connection.ops.adapt_datetimefield_value(timezone.now()) if held is None else _held.now,
+        ops.adapt_json_value(data, None),  # what Event.data (a JSONField) would store
+        now,
     ]
     if held is not None:
         held.append(row)
@@ -83,7 +88,7 @@ def batched() -> Iterator[None]:
         raise RuntimeError("journal.batched() outside a transaction")
     held: list[list[Any]] = []
     _held.rows = held
-    _held.json = connection.ops.adapt_json_value  # what Event.data (a JSONField) would store
+    _held.ops = connection.ops
     _held.now = connection.ops.adapt_datetimefield_value(timezone.now())
     try:
         yield

@@ -63,9 +63,9 @@ def target(url: str) -> Target:
         path += "?" + parts.query
     if any(c in path for c in " \r\n\0"):
         raise ValueError(f"'url' has a space or control character in its path: {url!r}")
-    return Target(
-        parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
-    )
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return Target(parts.scheme, parts.hostname, port, path)
 
 
 def request_bytes(method: str, where: Target, headers: dict[str, str], body: bytes) -> bytes:
