@@ -58,6 +58,8 @@ def record(
         now = ops.adapt_datetimefield_value(timezone.now())
     else:
         raise RuntimeError(f"journal.record({kind}) outside a transaction")
+    if effect is not None and step is None:
+        raise ValueError(f"journal.record({kind}): an event naming an effect names its step")
     task_id = task.pk if isinstance(task, Task) else task
     if task_id is None and isinstance(step, Step):
         task_id = step.task_id

@@ -235,7 +235,19 @@ class Event(models.Model):
     # for each journal row to update.
     task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, db_index=False)
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE)
-    effect = models.ForeignKey(Effect, null=True, blank=True, on_delete=models.CASCADE)
+    # Neither indexed nor constrained in the database. Effect ids are random hashes, so each
+    # journal row naming one landed on a random page of such an index: 9 of the ~25 pages a
+    # worker's batch commit wrote (bench/effect_overhead.py). Nothing looks events up by
+    # effect; an event naming an effect names its step too (journal.record insists), and that
+    # step's cascade removes the event with the effect.
+    effect = models.ForeignKey(
+        Effect,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_index=False,
+        db_constraint=False,
+    )
     actor = models.CharField(max_length=150, blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

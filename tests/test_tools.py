@@ -13,8 +13,9 @@ import dj_database_url
 import pytest
 from django.conf import settings as django_settings
 from django.core.mail.backends.smtp import EmailBackend as SmtpBackend
+from django.db import transaction
 
-from loop import effects, plans, tools
+from loop import effects, journal, plans, tools
 from loop.judges import tool as tool_judge
 from loop.models import Effect, Event, Step, Task
 from loop.runner import Runner
@@ -55,6 +56,29 @@ def test_a_2xx_post_succeeds_and_carries_the_effect_id_as_idempotency_key(
     assert hook.state == "done" and hook.output == {"status": 200, "body": {"received": 13}}
     assert effect.state == "succeeded" and effect.response == hook.output
     assert [(r.key, r.json) for r in receiver.posts] == [(effect.pk, {"order": 42})]
+
+
+def test_deleting_a_task_takes_its_effects_and_every_event_naming_them(
+    worker: Runner, receiver: Receiver
+) -> None:
+    # Event.effect has no database constraint (see the model): the step's cascade does it.
+    task = make_task(post(receiver.url()))
+    run_until_idle(worker)
+    effect = only_effect(task)
+    named = Event.objects.filter(effect=effect)
+    assert {e.data.get("new") for e in named} >= {"pending", "running", "succeeded"}
+    Task.objects.filter(pk=task.pk).delete()
+    assert not Effect.objects.filter(pk=effect.pk).exists()
+    assert not Event.objects.filter(effect_id=effect.pk).exists()
+
+
+def test_the_journal_refuses_an_event_naming_an_effect_but_not_its_step(
+    worker: Runner, receiver: Receiver
+) -> None:
+    task = make_task(post(receiver.url()))
+    run_until_idle(worker)
+    with transaction.atomic(), pytest.raises(ValueError, match="names its step"):
+        journal.record("probe", task=task, effect=only_effect(task))
 
 
 def test_a_plan_cannot_set_its_own_idempotency_key_header(
