@@ -237,7 +237,7 @@ class Event(models.Model):
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE)
     # Neither indexed nor constrained in the database. Effect ids are random hashes, so each
     # journal row naming one landed on a random page of such an index: 9 of the ~25 pages a
-    # worker's batch commit wrote (bench/effect_overhead.py). Nothing looks events up by
+    # worker's batch commit wrote to SQLite's WAL (16 without it). Nothing looks events up by
     # effect; an event naming an effect names its step too (journal.record insists), and that
     # step's cascade removes the event with the effect.
     effect = models.ForeignKey(
