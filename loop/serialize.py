@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Effect, EffectState, QuestionKind, Step, Task
+from . import questions
+from .models import Effect, Step, Task
 
 
 def effect_dict(effect: Effect) -> dict[str, Any]:
@@ -14,6 +15,7 @@ def effect_dict(effect: Effect) -> dict[str, Any]:
         "state": effect.state,
         "target": effect.target,
         "summary": effect.summary,
+        "request_view": [f.as_dict() for f in questions.of_effect(effect).fields],
         "evidence": effect.evidence,
         "error": effect.error,
         "response": effect.response,
@@ -24,17 +26,13 @@ def effect_dict(effect: Effect) -> dict[str, Any]:
 def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
     if not step.question_kind:
         return None
-    # "Did this happen?" is about the effects whose outcome is unknown; "May I do this?" about
-    # those not sent yet. Never a settled one.
-    asked_about = (
-        EffectState.UNCERTAIN
-        if step.question_kind == QuestionKind.DID_IT_HAPPEN
-        else EffectState.PENDING
-    )
-    named = [e for e in effects if e.state == asked_about]
+    named = questions.named(step, effects)
+    own = questions.of_step(step) if questions.asks_own_call(step, named) else None
     return {
         "kind": step.question_kind,
         "text": step.question_text,
+        # "May I do this?" before any effect was recorded: the call itself, in full.
+        "call": own.as_dict() if own else None,
         "effects": [effect_dict(e) for e in named],
     }
 

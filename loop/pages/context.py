@@ -13,8 +13,8 @@ from typing import Any
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import health, timeline, tools
-from ..models import Effect, EffectState, Event, QuestionKind, Step, StepState, Task, TaskState
+from .. import health, questions, timeline
+from ..models import Effect, Event, QuestionKind, Step, StepState, Task, TaskState
 
 ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
 FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
@@ -24,15 +24,14 @@ RECENT = 8
 
 @dataclass
 class Question:
-    """A blocked step's question as Dad sees it: the words, the calls it names, the buttons."""
+    """A blocked step's question as Dad sees it: the words, the calls it names (each in full),
+    the buttons."""
 
     step: Step
     kind: str
     heading: str
     lines: list[str]
-    effects: list[Effect]
-    # For "May I do this?" before anything was recorded: the call the step would make.
-    call: tuple[str, str, str] | None = None
+    requests: list[questions.Request]
 
     @property
     def may_i(self) -> bool:
@@ -58,7 +57,8 @@ class StepView:
     question: Question | None
     output: str
     current: bool = False
-    receipts: list[tuple[Effect, str]] = field(default_factory=list)
+    # Each effect with its receipt and its request in full.
+    receipts: list[tuple[Effect, str, questions.Request]] = field(default_factory=list)
 
 
 def pretty(value: Any) -> str:
@@ -93,19 +93,9 @@ def question_of(step: Step, effects: list[Effect]) -> Question | None:
     if step.state != StepState.BLOCKED or not step.question_kind:
         return None
     kind = QuestionKind(step.question_kind)
-    lines = [line for line in step.question_text.splitlines()[1:] if line.strip()]
-    named = [e for e in effects if e.state in (EffectState.UNCERTAIN, EffectState.PENDING)]
-    call = None
-    if kind == QuestionKind.MAY_I and not named:
-        try:
-            target, summary = tools.get(step.tool).summary(step.args)
-        except tools.ToolError:
-            target, summary = "", pretty(step.args)
-        call = (step.tool, target, summary)
-        lines = [line for line in lines if "→" not in line]  # the call is shown as a table
-    if kind == QuestionKind.DID_IT_HAPPEN and named:
-        lines = [line for line in lines if "→" not in line]
-    return Question(step, kind, kind.label, lines, named, call)
+    shown = questions.requests(step, effects)
+    lines = questions.notes(step, calls_shown=bool(shown))
+    return Question(step, kind, kind.label, lines, shown)
 
 
 def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
@@ -160,7 +150,7 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
         question=question_of(step, effects),
         output=pretty(step.output),
         current=current,
-        receipts=[(e, pretty(e.response)) for e in effects],
+        receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],
     )
 
 

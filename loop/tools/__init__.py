@@ -12,6 +12,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import shown
+
 if TYPE_CHECKING:
     from ..models import Step
 
@@ -57,8 +59,10 @@ class Tool:
     args: dict[str, Arg]
     side_effect: bool = False
     safe_to_repeat: bool = False
-    # (args) -> (target, summary): what a person is shown about this call.
+    # (args) -> (target, summary): this call in one line (an effect's row, the journal).
     describe: Callable[[dict[str, Any]], tuple[str, str]] | None = None
+    # (args) -> fields: what a person needs to decide about this call, in full (`shown`).
+    show: Callable[[dict[str, Any]], list[shown.Field]] | None = None
     # (args, effect_id) -> ProbeResult: read-only look in the world for an uncertain effect.
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None
     # () -> reason the tool is off, or None.
@@ -96,6 +100,16 @@ class Tool:
         if self.describe is not None:
             return self.describe(args)
         return "", _short(args)
+
+    def request_view(self, args: Any) -> list[shown.Field]:
+        """The call as a person is shown it; every argument in full if `show` can't read
+        these args (a reference not filled in, a value of the wrong type)."""
+        if self.show is not None and isinstance(args, dict):
+            try:
+                return self.show(args)
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+        return shown.default(args)
 
 
 def _fits(value: Any, type_name: str) -> bool:
@@ -166,6 +180,7 @@ def tool(
     side_effect: bool = False,
     safe_to_repeat: bool = False,
     describe: Callable[[dict[str, Any]], tuple[str, str]] | None = None,
+    show: Callable[[dict[str, Any]], list[shown.Field]] | None = None,
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None,
     disabled: Callable[[], str | None] | None = None,
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None,
@@ -186,6 +201,7 @@ def tool(
                 side_effect=side_effect,
                 safe_to_repeat=safe_to_repeat,
                 describe=describe,
+                show=show,
                 probe=probe,
                 disabled=disabled or (lambda: None),
                 start=start,

@@ -13,6 +13,7 @@ from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected
 from . import Arg, ProbeResult, ToolError, tool
+from .shown import Field
 
 
 def confined(path: str) -> Path:
@@ -44,6 +45,13 @@ def _describe_write(args: dict[str, Any]) -> tuple[str, str]:
     return str(args.get("path", "")), f"{len(content)} characters, sha256 {_digest(content)[:12]}"
 
 
+def _show_write(args: dict[str, Any]) -> list[Field]:
+    return [
+        Field("Path", str(args.get("path", "")), "code"),
+        Field("Content", str(args.get("content", ""))),
+    ]
+
+
 def _probe_write(args: dict[str, Any], effect_id: str) -> ProbeResult:
     target = confined(args["path"])
     want = _digest(args["content"])
@@ -64,6 +72,7 @@ def _probe_write(args: dict[str, Any], effect_id: str) -> ProbeResult:
     side_effect=True,
     safe_to_repeat=True,
     describe=_describe_write,
+    show=_show_write,
     probe=_probe_write,
 )
 def file_write(args: dict[str, Any], effect_id: str) -> dict[str, Any]:

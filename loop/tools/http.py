@@ -20,6 +20,7 @@ from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
 from . import Arg, ProbeResult, ToolError, TransientError, tool, wire
+from .shown import Field, json_text
 
 MAX_BODY = 1_000_000
 
@@ -82,6 +83,40 @@ def _describe(method: str) -> Any:
         return f"{method} {args.get('url', '')}", (text if len(text) <= 200 else text[:199] + "…")
 
     return describe
+
+
+# Header values a person approving a call need not read: credentials. Their presence is shown.
+SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
+SECRET_WORDS = ("token", "secret", "password", "apikey")
+
+
+def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
+    def show(args: dict[str, Any]) -> list[Field]:
+        """The request line, the headers as they will go out (the Idempotency-Key aside: it is
+        ours), and the body: JSON pretty-printed, text as written."""
+        fields = [Field("Request", f"{method} {args.get('url', '')}", "code")]
+        headers = {
+            k: v for k, v in _headers(args.get("headers")).items() if k.lower() != "idempotency-key"
+        }
+        if "json" in args and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
+        if headers:
+            lines = [f"{name}: {_shown_value(name, value)}" for name, value in headers.items()]
+            fields.append(Field("Headers", "\n".join(lines), "code"))
+        if "json" in args:
+            fields.append(Field("JSON body", json_text(args["json"]), "json"))
+        else:
+            fields.append(Field("Body", str(args.get("body", ""))))
+        return fields
+
+    return show
+
+
+def _shown_value(name: str, value: str) -> str:
+    lowered = name.lower()
+    if lowered in SECRET_HEADERS or any(word in lowered for word in SECRET_WORDS):
+        return f"(a credential, {len(value)} characters, not shown)"
+    return value
 
 
 def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
@@ -189,6 +224,7 @@ def _writer(method: str) -> None:
         args=WRITE_ARGS,
         side_effect=True,
         describe=_describe(method),
+        show=_show(method),
         probe=_probe,
         start=start,
     )(run)

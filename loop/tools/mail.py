@@ -18,6 +18,7 @@ from django.core.mail import EmailMessage, get_connection
 
 from ..effects import EffectNotSent, EffectRejected
 from . import Arg, ProbeResult, tool
+from .shown import Field
 
 
 def message_id(effect_id: str) -> str:
@@ -32,6 +33,22 @@ def message_id(effect_id: str) -> str:
 def _describe(args: dict[str, Any]) -> tuple[str, str]:
     to = ", ".join(str(a) for a in args.get("to", []))
     return to, f"subject {args.get('subject', '')!r}, {len(str(args.get('body', '')))} characters"
+
+
+def _show(args: dict[str, Any]) -> list[Field]:
+    """Who gets it, from whom, and every word of it."""
+    fields = [Field("To", _addresses(args.get("to")))]
+    if args.get("cc"):
+        fields.append(Field("Cc", _addresses(args["cc"])))
+    sender = args.get("from") or f"{settings.DEFAULT_FROM_EMAIL} (the default sender)"
+    fields.append(Field("From", str(sender)))
+    fields.append(Field("Subject", str(args.get("subject", ""))))
+    fields.append(Field("Body", str(args.get("body", ""))))
+    return fields
+
+
+def _addresses(value: Any) -> str:
+    return ", ".join(str(a) for a in value) if isinstance(value, list) else str(value or "")
 
 
 def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
@@ -57,6 +74,7 @@ def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
     },
     side_effect=True,
     describe=_describe,
+    show=_show,
     probe=_probe,
 )
 def email_send(args: dict[str, Any], effect_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ killed at its timeout may have done part of its work: uncertain.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 from typing import Any
@@ -21,6 +22,7 @@ from django.conf import settings
 from ..effects import EffectRejected, EffectUncertainError
 from . import Arg, ToolError, tool
 from .files import confined
+from .shown import Field
 
 DEFAULT_TIMEOUT = 60.0
 MAX_OUTPUT = 100_000
@@ -36,6 +38,17 @@ def _describe(args: dict[str, Any]) -> tuple[str, str]:
     argv = [str(a) for a in args.get("argv") or []]
     text = " ".join(argv)
     return (argv[0] if argv else ""), (text if len(text) <= 200 else text[:199] + "…")
+
+
+def _show(args: dict[str, Any]) -> list[Field]:
+    """The program and its arguments exactly as they will be passed (quoted where needed),
+    and where it runs."""
+    argv = [str(a) for a in args.get("argv") or []]
+    fields = [Field("Command", shlex.join(argv), "code")]
+    fields.append(Field("Folder", str(args.get("cwd") or ".") + " (under the file root)", "code"))
+    if "timeout" in args:
+        fields.append(Field("Timeout", f"{args['timeout']} seconds"))
+    return fields
 
 
 def _timeout(args: dict[str, Any]) -> float:
@@ -59,6 +72,7 @@ def _text(raw: bytes) -> str:
     },
     side_effect=True,
     describe=_describe,
+    show=_show,
     disabled=_disabled,
 )
 def shell_run(args: dict[str, Any], effect_id: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
 from . import Arg, ProbeResult, ToolError, tool
+from .shown import Field, json_text
 
 log = logging.getLogger("loop.tools.sql")
 
@@ -118,6 +119,18 @@ def _describe(args: dict[str, Any]) -> tuple[str, str]:
     return f"database {alias}", summary
 
 
+def _show(args: dict[str, Any]) -> list[Field]:
+    """The database it runs on, the statement as written and its parameters."""
+    try:
+        database = _alias(args)
+    except ToolError as exc:
+        database = f"{args.get('database', '(none given)')} — {exc}"
+    fields = [Field("Database", str(database)), Field("SQL", str(args.get("sql", "")), "code")]
+    if args.get("params") is not None:
+        fields.append(Field("Parameters", json_text(args["params"]), "json"))
+    return fields
+
+
 @tool(
     "sql.execute",
     args={
@@ -127,6 +140,7 @@ def _describe(args: dict[str, Any]) -> tuple[str, str]:
     },
     side_effect=True,
     describe=lambda args: _describe(args),
+    show=lambda args: _show(args),
     probe=lambda args, effect_id: _probe(args, effect_id),
 )
 def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:

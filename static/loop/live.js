@@ -17,11 +17,16 @@
     return tpl.content.firstElementChild;
   }
 
-  // Keep what a person was typing (a note, a plan) when the element around it is replaced.
+  // Keep what a person was typing (a note, a plan), and what they opened (a folded body), when
+  // the element around it is replaced.
   function keepInputs(from, to) {
     from.querySelectorAll("input[id], textarea[id]").forEach(function (old) {
       const fresh = to.querySelector("#" + CSS.escape(old.id));
       if (fresh && old.value && fresh.type !== "hidden") fresh.value = old.value;
+    });
+    from.querySelectorAll("details[id][open]").forEach(function (old) {
+      const fresh = to.querySelector("#" + CSS.escape(old.id));
+      if (fresh) fresh.open = true;
     });
   }
 

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from loop.models import Task
 from loop.serialize import task_dict
+from loop.tools.shown import Field, as_text, terminal_safe
 
 
 class Command(BaseCommand):
@@ -32,9 +33,17 @@ class Command(BaseCommand):
             )
             if step["error"]:
                 self.stdout.write(f"         error: {step['error']}")
-            if step["question"]:
-                for line in step["question"]["text"].splitlines():
-                    self.stdout.write(f"         ? {line}")
+            if question := step["question"]:
+                for line in question["text"].splitlines():
+                    self.stdout.write(f"         ? {terminal_safe(line)}")
+                # Each call it asks about, in full: what a person decides on.
+                for call in [question["call"], *question["effects"]]:
+                    if call:
+                        head = f"{call['tool']} → {call['target'] or '(no target)'}"
+                        self.stdout.write(f"           {terminal_safe(head)}")
+                        view = [Field(**f) for f in call["request_view"]]
+                        for line in as_text(view, indent="             "):
+                            self.stdout.write(line)
             for effect in step["effects"]:
                 self.stdout.write(
                     f"         effect {effect['id'][:12]} {effect['tool']} {effect['state']} "
