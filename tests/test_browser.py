@@ -341,3 +341,50 @@ def test_a_reader_sees_no_buttons_and_forged_or_tokenless_posts_get_403(
     tokenless = dad.request.post(f"{site}/steps/{pay.pk}/decide", form={"decision": "allow"})
     assert tokenless.status == 403
     assert Step.objects.get(pk=pay.pk).state == "blocked"
+
+
+def test_may_i_shows_each_request_whole_and_a_long_body_expands_in_place(
+    site: str, runloop: Any, browser: Any, dad_user: User
+) -> None:
+    from playwright.sync_api import expect
+
+    from .test_question_shows_request import BODY, EMAIL, POST, WRITE
+
+    page = log_in(browser, site, "dad", "dad-password-1")
+    cards = {}
+    for name, plan_step in (("email", EMAIL), ("http-post", POST), ("file-write", WRITE)):
+        task = make_task({**plan_step, "title": f"The {name} step"}, title=f"Settle up: {name}")
+        cards[name] = page.locator(f"#question-{task.steps.get().pk}")
+        expect(cards[name]).to_contain_text("May I do this?")
+    expect(page).to_have_title("(3) Pippa Loop")
+
+    email = cards["email"]
+    for text in ("plumber@example.com, office@example.com", "mum@example.com", "dad@example.com"):
+        expect(email.locator(".request-fields")).to_contain_text(text)
+    expect(email.locator(".request-fields")).to_contain_text("Your invoice <INV-7>")
+    post = cards["http-post"]
+    expect(post.locator(".request-fields")).to_contain_text('"notes": "ring twice & wait"')
+    expect(post.locator(".request-fields")).to_contain_text("Authorization: (a credential")
+    expect(cards["file-write"].locator(".request-fields")).to_contain_text("notes/plumber.txt")
+    for name, card in cards.items():
+        card.screenshot(path=str(ARTIFACTS / f"question-{name}.png"))
+    shot(page, "home-questions.png")
+
+    # The body folds: a preview and "Show all"; the whole text opens in place.
+    fold = email.locator("details.fold")
+    full = fold.locator("pre.full")
+    expect(full).to_be_hidden()
+    fold.get_by_text("Show all 2,000 characters").click()
+    expect(full).to_be_visible()
+    assert full.evaluate("e => e.textContent") == BODY
+    assert full.inner_text() == BODY  # as rendered: every line, nothing clipped
+    assert full.evaluate("e => e.scrollHeight <= e.clientHeight + 1")
+    email.screenshot(path=str(ARTIFACTS / "question-email-expanded.png"))
+
+    # A live update of the list keeps what Dad opened open.
+    other = make_task(step("other"), title="Something else")
+    expect(page.locator(f"#recent-{other.pk}")).to_be_visible()
+    expect(full).to_be_visible()
+    fold.get_by_text("Show less").click()
+    expect(full).to_be_hidden()
+    assert still_same_page(page)

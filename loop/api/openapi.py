@@ -340,11 +340,39 @@ SCHEMAS: dict[str, Any] = {
         question={
             "oneOf": [
                 {"type": "null"},
-                _typed(kind={"enum": ["may_i", "did_it_happen"]}, text="string", effects="array"),
+                _typed(
+                    kind={"enum": ["may_i", "did_it_happen"]},
+                    text="string",
+                    call={"oneOf": [{"type": "null"}, _ref("Call")]},
+                    effects={"type": "array", "items": _ref("Effect")},
+                ),
             ]
         },
-        effects={"type": "array", "items": {"type": "object"}},
+        effects={"type": "array", "items": _ref("Effect")},
     ),
+    # A call as a person is shown it: every field in full (loop/tools/shown.py).
+    "Call": _typed(
+        tool="string",
+        target="string",
+        summary="string",
+        request_view={"type": "array", "items": _ref("RequestField")},
+    ),
+    "Effect": _typed(
+        id="string",
+        tool="string",
+        state="string",
+        target="string",
+        summary="string",
+        request_view={"type": "array", "items": _ref("RequestField")},
+        evidence="string",
+        error="string",
+        response={},
+        sends="integer",
+    ),
+    "RequestField": {
+        **_typed(label="string", text="string", format={"enum": ["text", "code", "json"]}),
+        "required": ["label", "text", "format"],
+    },
     "Event": _typed(
         id="integer",
         kind="string",

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # A field longer than this folds on a page: a short preview, and the whole text on a click.
-FOLD_CHARS = 400
-FOLD_LINES = 8
-PREVIEW_LINES = 3
-PREVIEW_CHARS = 240
+FOLD_CHARS = 1000
+FOLD_LINES = 30
+PREVIEW_LINES = 5
+PREVIEW_CHARS = 400
 
 
 @dataclass(frozen=True)
