@@ -275,3 +275,18 @@ def test_the_cli_writes_a_hostile_bodys_terminal_escapes_out(dad: User, worker: 
     call_command("task", str(blocked.task_id), stdout=out)
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
     assert cli_fields(out.getvalue())["Body"] == "hi\\x1b[2J\\x1b]0;owned\\x07\nbye\\r"
+
+
+def test_a_tool_without_a_view_and_args_a_view_cannot_read_show_every_argument(
+    db: None,
+) -> None:
+    plain = tools.get("test.flaky").request_view({"fail_first": 2})
+    assert plain == [Field("fail_first", "2", "json")]
+    # A header object still a reference that was never filled in: shown as written, whole.
+    args = {"url": "http://h/x", "headers": "${auth.headers}", "body": BODY}
+    view = tools.get("http.post").request_view(args)
+    assert [(f.label, f.text) for f in view] == [
+        ("url", "http://h/x"),
+        ("headers", "${auth.headers}"),
+        ("body", BODY),
+    ]
