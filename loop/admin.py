@@ -2,9 +2,9 @@
 
 A task with its steps inline: pending steps' plan fields are editable and reorderable (by
 position); running, done, failed and blocked steps are read-only, and so is the call (tool,
-args) of a pending step that has an effect beyond `pending` — each says why. Nothing is saved through
-the model: `save_model` writes nothing, and `save_formset` hands only the changed plan fields
-to `actions.edit_steps`, which writes them with a compare-and-set on state='pending' and
+args) of a pending step that has an effect beyond `pending` — each says why. Nothing is saved
+through the model: `save_model` writes nothing, and `save_formset` hands only the changed plan
+fields to `actions.edit_steps`, which writes them with a compare-and-set on state='pending' and
 journals each edit. So an admin save can never overwrite what the loop writes (state,
 attempts, lease, outputs, effects, errors, questions), even when the loop commits while the
 form is open; a step that left pending meanwhile is left alone and the admin says so.
