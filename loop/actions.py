@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import journal, plans, rows
+from . import calls, journal, plans, rows
 from .models import (
     EffectState,
     EventKind,
@@ -272,13 +272,16 @@ def unblock(
                 )
             else:
                 move_effect(effect, "rerun", actor=actor, fields={"evidence": "", "error": ""})
+        # The authorization covers the call the question showed: a blocked step's call can't
+        # be edited, and the outputs its args refer to are final, so it is the call now.
+        call = calls.of(step)
         move_step(
             step,
             "unblock",
             kind=EventKind.STEP_UNBLOCKED,
             actor=actor,
-            fields=_cleared(authorized_by=actor),
-            data={"decision": decision},
+            fields=_cleared(authorized_by=actor, authorized_call=call),
+            data={"decision": decision, "call": call},
         )
         follow(task, actor=actor)
     return step
@@ -321,7 +324,11 @@ def edit_steps(
     changed fields. Each write is a compare-and-set on state='pending' and touches only the
     columns named, so nothing the loop writes is ever overwritten. A step that left pending
     meanwhile is skipped (and so is every position change, since the order it was part of no
-    longer holds). Returns (edited, skipped); each edit is journaled as `step_edited`."""
+    longer holds). Returns (edited, skipped); each edit is journaled as `step_edited`.
+
+    An edit that changes a step's call (tool or args) clears its authorization, journaled as
+    `authorization_cleared`, so the guard asks again; one to the call of a step with an
+    effect beyond `pending` is refused, and nothing is changed (DESIGN.md §5)."""
     allowed = {*PLAN_FIELDS, "position"}
     for step_id, fields in edits.items():
         unknown = sorted(set(fields) - allowed)
@@ -342,6 +349,16 @@ def edit_steps(
             moving = {}
         elif sorted(moving.values()) != sorted(steps[pk].position for pk in moving):
             raise Refused("position: pending steps can only be reordered among themselves")
+        new_calls = {  # the steps this edit will change, and whether it changes their call
+            pk: calls.changes_call(steps[pk], fields)
+            for pk, fields in edits.items()
+            if steps[pk].state == StepState.PENDING
+            and not (reorder_dropped and "position" in fields)
+        }
+        for pk in (pk for pk, changed in new_calls.items() if changed):
+            fixed = calls.why_fixed(steps[pk])
+            if fixed:
+                raise Refused(fixed)
         if moving:
             top = Step.objects.filter(task_id=task_id).aggregate(top=Max("position"))["top"]
             for offset, pk in enumerate(moving):  # out of the way first: (task, position) is unique
@@ -353,18 +370,21 @@ def edit_steps(
         for pk, fields in edits.items():
             step = steps[pk]
             changes = {k: v for k, v in fields.items() if k != "position"}
-            lost_order = reorder_dropped and "position" in fields
-            if step.state != StepState.PENDING or lost_order:
+            if pk not in new_calls:
                 skipped.append(step)
                 continue
-            if (
-                changes
-                and Step.objects.filter(pk=pk, state=StepState.PENDING).update(**changes) != 1
-            ):
+            cleared = new_calls[pk] and bool(step.authorized_by)
+            writes = {
+                **changes,
+                **({"authorized_by": "", "authorized_call": ""} if cleared else {}),
+            }
+            if writes and Step.objects.filter(pk=pk, state=StepState.PENDING).update(**writes) != 1:
                 skipped.append(step)  # it left pending after we read it
                 continue
             names = sorted(changes) + (["position"] if pk in moving else [])
             if names:
                 journal.record(EventKind.STEP_EDITED, step=step, actor=actor, fields=names)
                 edited.append(step)
+            if cleared:
+                calls.journal_cleared(step, actor=actor, why=f"its call was edited by {actor}")
     return edited, skipped

@@ -1,9 +1,10 @@
 """The admin for plans (DESIGN.md §13, §15 invariant 10).
 
 A task with its steps inline: pending steps' plan fields are editable and reorderable (by
-position); running, done, failed and blocked steps are read-only. Nothing is saved through
-the model: `save_model` writes nothing, and `save_formset` hands only the changed plan fields
-to `actions.edit_steps`, which writes them with a compare-and-set on state='pending' and
+position); running, done, failed and blocked steps are read-only, and so is the call (tool,
+args) of a pending step that has an effect beyond `pending` — each says why. Nothing is saved
+through the model: `save_model` writes nothing, and `save_formset` hands only the changed plan
+fields to `actions.edit_steps`, which writes them with a compare-and-set on state='pending' and
 journals each edit. So an admin save can never overwrite what the loop writes (state,
 attempts, lease, outputs, effects, errors, questions), even when the loop commits while the
 form is open; a step that left pending meanwhile is left alone and the admin says so.
@@ -21,10 +22,25 @@ from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
-from . import actions, tools
+from . import actions, calls, tools
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
+WHY_READ_ONLY = {
+    StepState.RUNNING: "running: the loop is working on it",
+    StepState.BLOCKED: "blocked: it waits for an answer to its question",
+    StepState.DONE: "done: it never runs again",
+    StepState.FAILED: "failed: it never runs again",
+}
+
+
+def why_read_only(step: Step) -> str:
+    """Why the admin can't change this step, or its call ("" if it can)."""
+    if step.pk is None:
+        return ""
+    if step.state != StepState.PENDING:
+        return WHY_READ_ONLY.get(StepState(step.state), step.state)
+    return calls.why_fixed(step)
 
 
 class StepForm(forms.ModelForm):
@@ -43,6 +59,9 @@ class StepForm(forms.ModelForm):
         if self.instance.pk is None or self.instance.state != StepState.PENDING:
             for field in self.fields.values():
                 field.disabled = True
+        elif calls.why_fixed(self.instance):
+            for name in calls.CALL_FIELDS:
+                self.fields[name].disabled = True
 
     @property
     def editable(self) -> bool:
@@ -118,9 +137,22 @@ class StepInline(admin.TabularInline):
     extra = 0
     can_delete = False
     ordering = ("position",)
-    fields = ("position", "key", *actions.PLAN_FIELDS, "state", "attempts", "error", "seen_state")
-    readonly_fields = ("state", "attempts", "error")
+    fields = (
+        "position",
+        "key",
+        *actions.PLAN_FIELDS,
+        "state",
+        "attempts",
+        "error",
+        "read_only",
+        "seen_state",
+    )
+    readonly_fields = ("state", "attempts", "error", "read_only")
     show_change_link = False
+
+    @admin.display(description="read-only because")
+    def read_only(self, step: Step) -> str:
+        return why_read_only(step)
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # new steps come through "add steps" (dashboard, API), never half-made here

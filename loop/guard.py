@@ -18,6 +18,7 @@ class Decision(enum.Enum):
     START_RESUMED_UNSENT = "start_resumed_unsent"  # LOOP_RESUME_UNSENT=always
     ASK_MAY_I = "ask_may_i"  # first run of a confirm_before step
     ASK_MAY_I_UNSENT = "ask_may_i_unsent"  # cut before anything went out
+    ASK_MAY_I_AGAIN = "ask_may_i_again"  # an authorization for another call: cleared, not used
     ASK_DID_IT_HAPPEN = "ask_did_it_happen"
     FAIL_CAP = "fail_cap"
     WAIT = "wait"  # an effect's claim by another holder is still live
@@ -36,6 +37,9 @@ class StepFacts:
     max_attempts: int
     retry_recorded: bool  # running with a recorded `retry` verdict: no cut
     authorized: bool
+    # The authorization was given for a call other than the one about to run (§5: an answer
+    # is for what Dad saw).
+    authorized_other_call: bool = False
     repeatable: bool = False  # its tool is safe to repeat: a cut simply runs it again
 
 
@@ -59,9 +63,15 @@ def decide(
         return Decision.WAIT
     if step.side_effect and any(e.state in ("uncertain", "running") for e in guarded):
         return Decision.ASK_DID_IT_HAPPEN  # never covered by a standing authorization
+    if step.authorized and step.authorized_other_call:
+        return Decision.ASK_MAY_I_AGAIN
     if step.authorized:
         # A person's "allow"/"it happened"/"do it": exactly one more start, even past the cap.
         return Decision.START_AUTHORIZED
+    if step.side_effect and step.state == "pending" and step.attempts:
+        # Pending again after a start only through a person's answer, since cleared: its call
+        # was edited. The new call is asked about, like a first one.
+        return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I
     if step.attempts >= step.max_attempts:
         return Decision.FAIL_CAP
     if not step.side_effect:

@@ -85,6 +85,8 @@ class EventKind(models.TextChoices):
     DECISION = "decision"
     DECISION_REFUSED = "decision_refused"
     AUTHORIZATION_CONSUMED = "authorization_consumed"
+    AUTHORIZATION_CLEARED = "authorization_cleared"
+    CALL_REFUSED = "call_refused"
     SIDE_EFFECT_AUTO_CONFIRMED = "side_effect_auto_confirmed"
     SIDE_EFFECT_RESUMED_UNSENT = "side_effect_resumed_unsent"
     EFFECT_STATE = "effect_state"
@@ -167,6 +169,9 @@ class Step(models.Model):
     question_text = models.TextField(blank=True)
     # A person's one-shot permission for the next start; consumed in that start's commit.
     authorized_by = models.CharField(max_length=150, blank=True)
+    # The digest of the call that permission was given for (`loop.calls`): a start consumes
+    # it only for that call, and an edit of the call clears it.
+    authorized_call = models.CharField(max_length=64, blank=True)
     # A person resumed the task past this failed step (or added its replacement).
     waived = models.BooleanField(default=False)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import actions, effects, guard, journal, lease, questions, rows, tools
+from . import actions, calls, effects, guard, journal, lease, questions, rows, tools
 from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
@@ -214,6 +214,8 @@ class StepLifecycle:
             max_attempts=step.max_attempts,
             retry_recorded=step.retry_at is not None,
             authorized=bool(step.authorized_by),
+            authorized_other_call=bool(step.authorized_by)
+            and step.authorized_call != calls.of(step),
             repeatable=bool(tool and tool.safe_to_repeat),
         )
         decision = guard.decide(
@@ -229,6 +231,13 @@ class StepLifecycle:
             if not probed and any(_probe_of(e) and not e.evidence for e in uncertain):
                 return NeedsProbe(task.pk, epoch, uncertain)  # keep the lease; ask the world
             self._ask(step, *questions.did_it_happen(uncertain))
+        elif decision is guard.Decision.ASK_MAY_I_AGAIN:
+            calls.journal_cleared(
+                step, actor=self.actor, why="the call about to run is not the one it was given for"
+            )
+            target, summary = _describe(step, tool)
+            cleared = {"authorized_by": "", "authorized_call": ""}
+            self._ask(step, *questions.may_i(step.tool, target, summary, unsent=False), **cleared)
         elif decision in (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT):
             target, summary = _describe(step, tool)
             unsent = decision is guard.Decision.ASK_MAY_I_UNSENT
@@ -260,7 +269,9 @@ class StepLifecycle:
         """Start these steps (first starts with one statement, restarts with another), and
         journal what let each one start where the guard says so."""
         now = timezone.now()
-        notes = [(step, decision, step.authorized_by) for step, decision in starts]
+        notes = [
+            (step, decision, step.authorized_by, step.authorized_call) for step, decision in starts
+        ]
         first = [step for step, _ in starts if step.state == StepState.PENDING]
         again = [step for step, _ in starts if step.state != StepState.PENDING]
         for event, kind, moving in (
@@ -275,6 +286,7 @@ class StepLifecycle:
                     "started_at": now,
                     "retry_at": None,
                     "authorized_by": "",
+                    "authorized_call": "",
                     "error": "",
                     "question_kind": "",
                     "question_text": "",
@@ -283,23 +295,27 @@ class StepLifecycle:
             ]
             cut = [{"cut": event == "restart" and step.retry_at is None} for step in moving]
             move_steps(moving, event, kind=kind, actor=self.actor, fields=fields, data=cut)
-        for step, decision, authorized_by in notes:
+        for step, decision, authorized_by, call in notes:
             if decision is guard.Decision.START_AUTHORIZED:
                 journal.record(
-                    EventKind.AUTHORIZATION_CONSUMED, step=step, actor=self.actor, by=authorized_by
+                    EventKind.AUTHORIZATION_CONSUMED,
+                    step=step,
+                    actor=self.actor,
+                    by=authorized_by,
+                    call=call,
                 )
             elif decision is guard.Decision.START_RESUMED_UNSENT:
                 journal.record(EventKind.SIDE_EFFECT_RESUMED_UNSENT, step=step, actor=self.actor)
             elif decision is guard.Decision.START_AUTO_CONFIRMED:
                 journal.record(EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step=step, actor=self.actor)
 
-    def _ask(self, step: Step, kind: str, text: str) -> None:
+    def _ask(self, step: Step, kind: str, text: str, **fields: str) -> None:
         move_step(
             step,
             "ask",
             kind=EventKind.STEP_BLOCKED,
             actor=self.actor,
-            fields={"question_kind": kind, "question_text": text, "retry_at": None},
+            fields={"question_kind": kind, "question_text": text, "retry_at": None, **fields},
             data={"question": kind},
         )
 

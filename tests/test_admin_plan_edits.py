@@ -11,6 +11,7 @@ from loop.models import Event, Step, Task
 from loop.runner import Runner
 
 from .conftest import make_task, step
+from .sinks import closed_url
 
 
 class FormFields(HTMLParser):
@@ -141,3 +142,25 @@ def test_done_steps_are_read_only_and_the_journal_cannot_be_edited(
     assert client.get(f"/admin/loop/event/{event.pk}/change/").status_code == 200
     assert client.post(f"/admin/loop/event/{event.pk}/change/", {"kind": "x"}).status_code == 403
     assert client.get("/admin/loop/event/add/").status_code == 403
+
+
+def test_steps_that_cannot_change_are_read_only_and_say_why(db: None, worker: Runner) -> None:
+    client = admin_client(db)
+    task = make_task(
+        step("a"),
+        step("ask", "http.post", args={"url": closed_url()}, confirm_before=True),
+        step("c"),
+    )
+    worker.once = True
+    worker.tick()  # "a" done
+    worker.tick()  # "ask" asks "May I do this?"
+    a, ask, c = (task.steps.get(key=k) for k in ("a", "ask", "c"))
+    assert (a.state, ask.state, c.state) == ("done", "blocked", "pending")
+    form = open_form(client, task)
+    for locked in (a, ask):
+        assert f"steps-{form_index(form, locked)}-args" not in form
+    assert f"steps-{form_index(form, c)}-args" in form
+    page = client.get(f"/admin/loop/task/{task.pk}/change/").content.decode()
+    assert "read-only because" in page.lower()
+    assert "done: it never runs again" in page
+    assert "blocked: it waits for an answer to its question" in page

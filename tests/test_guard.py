@@ -239,6 +239,15 @@ REPEATABLE_DEAD = EffectFacts("running", safe_to_repeat=True, lease_live=False)
         (facts(state="running", attempts=5), [PENDING], {}, Decision.FAIL_CAP),
         (facts(side_effect=False, **CUT), [], {}, Decision.START),
         (facts(side_effect=False, state="running", attempts=5), [], {}, Decision.FAIL_CAP),
+        (
+            facts(authorized=True, authorized_other_call=True, confirm_before=True),
+            [],
+            {},
+            Decision.ASK_MAY_I_AGAIN,
+        ),
+        (facts(attempts=1), [PENDING], {}, Decision.ASK_MAY_I),
+        (facts(attempts=5), [PENDING], {}, Decision.ASK_MAY_I),
+        (facts(side_effect=False, attempts=1), [], {}, Decision.START),
     ],
     ids=[
         "first-run",
@@ -260,6 +269,10 @@ REPEATABLE_DEAD = EffectFacts("running", safe_to_repeat=True, lease_live=False)
         "cap",
         "read-only-cut",
         "read-only-cap",
+        "authorized-for-another-call",
+        "pending-again-authorization-cleared",
+        "pending-again-authorization-cleared-past-the-cap",
+        "read-only-pending-again",
     ],
 )
 def test_decide(

@@ -18,9 +18,11 @@ from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
-from .. import effects, lease, questions, tools
+from .. import effects, journal, lease, questions, tools
+from ..effects import canonical
 from ..judges import Verdict
-from ..models import AgentToken, EffectState, Step, TaskState, Worker
+from ..judges.tool import resolved_args
+from ..models import AgentToken, EffectState, EventKind, Step, TaskState, Worker
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..tick import NeedsProbe, Started, StepLifecycle
 from .core import ApiError, Call, command, get_step, get_task
@@ -218,6 +220,7 @@ def effect(call: Call) -> HttpResponse:
     args = data.get("args", {})
     if not isinstance(args, dict):
         raise ApiError(400, "args: must be an object")
+    bound_to_step(call, step, tool, args)
     problems = tool.check_args(args, f"step '{step.key}'")
     if problems:
         raise ApiError(400, "; ".join(problems))
@@ -257,6 +260,30 @@ def effect(call: Call) -> HttpResponse:
     except lease.LeaseLost:
         raise ApiError(409, _moved_on(started), effect=eid) from None
     return JsonResponse({"effect": eid, "output": output})
+
+
+def bound_to_step(call: Call, step: Step, tool: tools.Tool, args: dict[str, Any]) -> None:
+    """Only the step's own call goes out under it: its tool, its args resolved. Under an
+    authorization that is the call Dad approved: a start consumes an authorization only for
+    the call its digest names (`loop.calls`), and a running step's call can't change. Anything
+    else is a 409 naming the difference, journaled (`call_refused`)."""
+    where = f"step '{step.key}'"
+    try:
+        expected = resolved_args(step)
+    except tools.ToolError as exc:
+        expected, reason = step.args, f"args: {where}: its call can't be made: {exc}"
+    else:
+        if tool.name != step.tool:
+            reason = f"tool: {where} calls {step.tool}, not {tool.name}"
+        elif canonical(args) != canonical(expected):
+            reason = f"args: differ from the call of {where}"
+        else:
+            return
+    with transaction.atomic():
+        journal.record(
+            EventKind.CALL_REFUSED, step=step, actor=call.agent.actor, tool=tool.name, reason=reason
+        )
+    raise ApiError(409, reason, call={"tool": step.tool, "args": expected})
 
 
 def _side_effect_tool(step: Step, data: dict[str, Any]) -> tools.Tool:

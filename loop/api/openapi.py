@@ -222,7 +222,7 @@ def document() -> dict[str, Any]:
             },
             "/api/effects": {
                 "post": _command(
-                    "Perform a side-effect tool call for the step this agent holds, through the outbox: at most once, the stored answer on a repeat",
+                    "Perform the side-effect call of the step this agent holds (its tool, its args resolved; another call is a 409), through the outbox: at most once, the stored answer on a repeat",
                     _object(
                         ["lease_token", "step", "tool"],
                         lease_token=LEASE_TOKEN,
