@@ -11,11 +11,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from . import journal
+from . import journal, questions
 from .effects import canonical
-from .judges.tool import resolved_args
 from .models import Effect, EffectState, EventKind, Step
-from .tools import ToolError
 
 CALL_FIELDS = ("tool", "args")
 
@@ -28,11 +26,7 @@ def of(step: Step) -> str:
     """The digest of the call the step makes now: its args filled from earlier outputs, as
     the question shows them (as written, while a reference can't be filled: then the judge
     fails the step, and nothing is sent)."""
-    try:
-        args = resolved_args(step)
-    except ToolError:
-        args = step.args
-    return digest(step.tool, args)
+    return digest(step.tool, questions.asked_args(step))
 
 
 def changes_call(step: Step, fields: dict[str, Any]) -> bool:

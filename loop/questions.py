@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import tools
+from .effects import canonical
 from .judges.tool import resolved_args
 from .models import Effect, EffectState, QuestionKind, Step
 from .tools import shown
@@ -91,15 +92,19 @@ def of_effect(effect: Effect) -> Request:
 
 def named(step: Step, effects: Iterable[Effect]) -> list[Effect]:
     """The effects a question is about. "Did this happen?": those whose outcome is unknown;
-    "May I do this?": those not sent yet. Never a settled one."""
+    "May I do this?": those of the step's current call not sent yet. Never a settled one."""
     if not step.question_kind:
         return []
-    asked_about = (
-        EffectState.UNCERTAIN
-        if step.question_kind == QuestionKind.DID_IT_HAPPEN
-        else EffectState.PENDING
-    )
-    return [e for e in effects if e.state == asked_about]
+    if step.question_kind == QuestionKind.DID_IT_HAPPEN:
+        return [e for e in effects if e.state == EffectState.UNCERTAIN]
+    # An edit may have left an earlier call's intent pending (it will never be sent): the
+    # question is about the call that would run now, so only an intent of that call is named.
+    now = canonical(asked_args(step))
+    return [
+        e
+        for e in effects
+        if e.state == EffectState.PENDING and e.tool == step.tool and canonical(e.request) == now
+    ]
 
 
 def asks_own_call(step: Step, named_effects: list[Effect]) -> bool:

@@ -482,7 +482,4 @@ def _probe_of(effect: Effect) -> object:
 def _describe(step: Step, tool: tools.Tool | None) -> tuple[str, str]:
     if tool is None:
         return "", f"tool '{step.tool}' is not installed"
-    try:
-        return tool.summary(tool_judge.resolved_args(step))
-    except tools.ToolError:
-        return tool.summary(step.args)
+    return tool.summary(questions.asked_args(step))

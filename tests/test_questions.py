@@ -15,7 +15,13 @@ def blocked_step_with_effects(kind: str, states: dict[str, str]) -> Step:
     row = task.steps.get()
     for name, state in states.items():
         Effect.objects.create(
-            id=name * 64, task=task, step=row, tool="http.post", target=f"POST {name}", state=state
+            id=name * 64,
+            task=task,
+            step=row,
+            tool="http.post",
+            target=f"POST {name}",
+            state=state,
+            request=row.args,
         )
     Step.objects.filter(pk=row.pk).update(state="blocked", question_kind=kind, question_text="?")
     return Step.objects.get(pk=row.pk)
@@ -35,3 +41,16 @@ def test_may_i_names_only_effects_not_sent_yet(db: None) -> None:
     question = question_dict(asked, list(asked.effects.order_by("id")))
     assert question is not None
     assert [e["id"] for e in question["effects"]] == ["c" * 64]
+
+
+def test_may_i_names_not_an_earlier_calls_intent_left_by_an_edit(db: None) -> None:
+    """An edit after an unsent try leaves the old call's intent pending (never sent): the
+    question shows the call that would run now, not the old one."""
+    asked = blocked_step_with_effects("may_i", {"c": "pending"})
+    Step.objects.filter(pk=asked.pk).update(args={"url": "http://127.0.0.1:9/other"})
+    asked = Step.objects.get(pk=asked.pk)
+    question = question_dict(asked, list(asked.effects.order_by("id")))
+    assert question is not None
+    assert question["effects"] == []
+    assert question["call"] is not None
+    assert "http://127.0.0.1:9/other" in str(question["call"]["request_view"])
