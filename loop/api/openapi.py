@@ -344,6 +344,17 @@ SCHEMAS: dict[str, Any] = {
                 created_at="string",
                 successor={"type": ["integer", "null"]},
                 steps={"type": "array", "items": _ref("Step")},
+                events={
+                    "type": "array",
+                    "items": _typed(
+                        id="integer",
+                        kind="string",
+                        step={"type": ["integer", "null"]},
+                        actor="string",
+                        at="string",
+                        data="object",
+                    ),
+                },
             ),
         ]
     },
