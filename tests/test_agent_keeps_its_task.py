@@ -109,7 +109,7 @@ def test_a_worker_takes_the_task_once_the_agents_lease_runs_out(
     processes: list[subprocess.Popen[bytes]],
     settings: Any,
 ) -> None:
-    settings.LOOP_AGENT_LEASE_SECONDS = 3
+    settings.LOOP_AGENT_LEASE_SECONDS = 4
     pippa = Agent(issue(name="pippa", user=dad)[1])
     log = tmp_path / "runs.log"
     task = make_task(*recorded(log, "a", "b"), title="left behind")
@@ -118,7 +118,7 @@ def test_a_worker_takes_the_task_once_the_agents_lease_runs_out(
     renewed = pippa.post(
         f"/api/steps/{first['step']['id']}/renew", {"lease_token": first["lease_token"]}
     )
-    assert renewed.status_code == 200  # 3 seconds from now, the workers running
+    assert renewed.status_code == 200  # 4 seconds from now, the workers running
     pippa.post(
         f"/api/steps/{first['step']['id']}/commit",
         {"lease_token": first["lease_token"], "verdict": "done"},
