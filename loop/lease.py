@@ -6,6 +6,8 @@ claim of an effect checks that the task's epoch and owner are still the caller's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,7 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from . import rows
-from .models import Effect, EffectState, Task, TaskState
+from .models import AgentToken, Effect, EffectState, Task, TaskState, Worker
 
 
 class LeaseLost(Exception):
@@ -135,9 +137,60 @@ def renew(task_id: int, owner: int, epoch: int, *, seconds: int | None = None) -
     return count == 1
 
 
+def let_go(task_id: int, owner: int) -> bool:
+    """`owner` gives up its lease on the task, whatever its epoch (an API agent's `release`),
+    inside the caller's transaction. False if it does not hold it."""
+    count = Task.objects.filter(pk=task_id, lease_owner=owner).update(
+        lease_owner=None, lease_until=None
+    )
+    return count == 1
+
+
 def release(task: Task) -> None:
     """Give the lease up (inside the caller's fenced transaction). The epoch stays: the next
     claim bumps it."""
     rows.update(Task, {"lease_owner": None, "lease_until": None}, {"id": task.pk})
     task.lease_owner = None
     task.lease_until = None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a task's lease, as people read it: a worker (its label, or host:pid) or an
+    API agent (its name), and until when."""
+
+    kind: str  # "worker" | "agent"
+    name: str
+    until: datetime
+
+    def __str__(self) -> str:
+        return f"agent:{self.name}" if self.kind == "agent" else f"worker {self.name}"
+
+
+def holders(tasks: Iterable[Task], *, now: datetime | None = None) -> dict[int, Holder]:
+    """The live holder of each of these tasks that has one (a lease not yet run out), with a
+    statement for workers and one for agents. An agent's owner id is its token's negative pk."""
+    now = now or timezone.now()
+    held = [t for t in tasks if t.lease_owner is not None and t.lease_until and t.lease_until > now]
+    owners = {t.lease_owner for t in held}
+    workers = {w.pk: w for w in Worker.objects.filter(pk__in=[o for o in owners if o and o > 0])}
+    agents = {
+        a.pk: a for a in AgentToken.objects.filter(pk__in=[-o for o in owners if o and o < 0])
+    }
+    found = {}
+    for task in held:
+        owner = task.lease_owner
+        assert owner is not None and task.lease_until is not None
+        if owner < 0:
+            agent = agents.get(-owner)
+            found[task.pk] = Holder("agent", agent.name if agent else str(-owner), task.lease_until)
+        else:
+            worker = workers.get(owner)
+            name = (worker.label or f"{worker.host}:{worker.pid}") if worker else str(owner)
+            found[task.pk] = Holder("worker", name, task.lease_until)
+    return found
+
+
+def holder(task: Task) -> Holder | None:
+    """`holders` of one task."""
+    return holders([task]).get(task.pk)

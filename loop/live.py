@@ -142,7 +142,8 @@ def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str
     if task is None:
         return message
     base = {"task": task, "can_act": topic.can_act}
-    message["swaps"].append(_swap("task-head", "loop/task.html#task-head", base))
+    head = context.task_head(task, can_act=topic.can_act)
+    message["swaps"].append(_swap("task-head", "loop/task.html#task-head", head))
     kinds = {e.kind for e in events}
     if full or kinds & PLAN_CHANGES:
         steps = context.step_views(task)

@@ -39,6 +39,10 @@ from .tick import Begun, NeedsProbe, Started, StepLifecycle, named
 log = logging.getLogger("loop.runner")
 
 
+class TickFailed(DatabaseError):
+    """A write of the tick failed; the message says where (task and step) and why."""
+
+
 class Runner(StepLifecycle):
     def __init__(self, *, label: str = "", once: bool = False, batch: int | None = None) -> None:
         self.label = label
@@ -80,24 +84,29 @@ class Runner(StepLifecycle):
         log.info("%s started (reconciled %s)", self.worker, counts)
         return counts
 
-    def run(self) -> None:
+    def run(self) -> str:
+        """Boot, then tick until signalled (`once`: one tick). The error of the last tick if it
+        failed, else "": `runloop --once` exits non-zero with it."""
         self.boot()
         self._install_signals()
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
         failures = 0
+        failed = ""
         try:
             while not self.stopping:
                 close_old_connections()
                 try:
                     found = self.tick()
-                    failures = 0
-                except DatabaseError:  # already logged and kept for the worker's row
+                    failures, failed = 0, ""
+                except DatabaseError as exc:  # already logged and kept for the worker's row
                     failures += 1
                     found = False
+                    failed = str(exc)
                 except Exception as exc:  # a bug must not kill the worker: say it, back off
                     log.exception("tick failed")
-                    self.unrecorded_error = f"tick failed: {type(exc).__name__}: {exc}"
+                    failed = f"tick failed: {type(exc).__name__}: {exc}"
+                    self.unrecorded_error = failed
                     failures += 1
                     found = False
                 if self.once:
@@ -109,6 +118,7 @@ class Runner(StepLifecycle):
             self._beat_stop.set()
             beat.join(timeout=5)
             self._stopped()
+        return failed
 
     def _install_signals(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
@@ -188,8 +198,7 @@ class Runner(StepLifecycle):
                 batch = waiting + self._probed(self._commit_batch(verdicts, waiting))
             return True
         except DatabaseError as exc:
-            self._write_failed(exc, batch)
-            raise
+            raise TickFailed(self._write_failed(exc, batch)) from exc
         except lease.LeaseLost as exc:
             log.warning("%s", exc)
             return True
@@ -268,7 +277,7 @@ class Runner(StepLifecycle):
         except DatabaseError as exc:
             log.error("could not record parking of %s: %s", self.worker, exc)
 
-    def _write_failed(self, exc: DatabaseError, batch: list[Started]) -> None:
+    def _write_failed(self, exc: DatabaseError, batch: list[Started]) -> str:
         where = self.in_hand or "claiming a task"
         flying = [f"task {s.task_id} step '{s.step.key}'" for s in batch]
         if len(flying) > 1:
@@ -276,6 +285,7 @@ class Runner(StepLifecycle):
         message = f"write failed in {where}: {type(exc).__name__}: {exc}"
         log.error(message)
         self.unrecorded_error = message
+        return message
 
 
 def lease_free_q() -> Q:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import questions
-from .models import Effect, Step, Task
+from .models import Effect, Event, Step, Task
 
 
 def effect_dict(effect: Effect) -> dict[str, Any]:
@@ -67,4 +67,16 @@ def task_dict(task: Task) -> dict[str, Any]:
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
         "steps": [step_dict(s) for s in task.steps.order_by("position")],
+        "events": [event_dict(e) for e in Event.objects.filter(task=task).order_by("id")],
+    }
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    return {
+        "id": event.pk,
+        "kind": event.kind,
+        "step": event.step_id,
+        "actor": event.actor,
+        "at": event.created_at.isoformat(),
+        "data": event.data,
     }

@@ -32,6 +32,7 @@ from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
 from .models import Effect, EffectState, EventKind, Step, StepState, Task, TaskState
+from .states import TASK
 from .transitions import move_step, move_steps
 
 log = logging.getLogger("loop.runner")
@@ -71,6 +72,9 @@ class StepLifecycle:
     effects_size: int
     in_hand: str
     _claimed_at: float
+    # An API agent keeps its task between its steps (DESIGN.md §12): its lease is let go
+    # only when it says so, when the lease runs out, or when the task is finished.
+    keeps_lease: bool = False
 
     @property
     def actor(self) -> str:
@@ -191,7 +195,7 @@ class StepLifecycle:
         """One task of `_begin_all`: a step the guard lets start is added to `starts`."""
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
-            lease.release(task)
+            self._let_go(task)
             return None
         if step.side_effect and not side_effects:
             lease.release(task)
@@ -249,7 +253,7 @@ class StepLifecycle:
             Task.objects.filter(pk=task.pk).update(run_after=until)
         task.refresh_from_db()
         actions.follow(task, actor=self.actor)
-        lease.release(task)
+        self._let_go(task)
         return None
 
     def _probe_then_begin(self, need: NeedsProbe) -> Started | None:
@@ -395,8 +399,15 @@ class StepLifecycle:
                 actions.follow(task, actor=self.actor)
             else:
                 self._apply(task, started.step, verdict)
-            lease.release(task)
+            self._let_go(task)
         return going_on
+
+    def _let_go(self, task: Task) -> None:
+        """Give up the held task's lease (inside its fenced transaction), unless this holder
+        keeps its task between steps and the task is not finished."""
+        if self.keeps_lease and task.state not in TASK.terminal:
+            return
+        lease.release(task)
 
     def _may_continue(self, task: Task, verdict: Verdict) -> bool:
         return (

@@ -26,6 +26,7 @@ urlpatterns = [
     path("api/tasks/<int:task_id>/resume", route(post=api.resume), name="api_resume"),
     path("api/tasks/<int:task_id>/supersede", route(post=api.supersede), name="api_supersede"),
     path("api/tasks/<int:task_id>/next", route(post=api_agent.next_step), name="api_next"),
+    path("api/tasks/<int:task_id>/release", route(post=api_agent.release), name="api_release"),
     path("api/steps/<int:step_id>/commit", route(post=api_agent.commit), name="api_commit"),
     path("api/steps/<int:step_id>/renew", route(post=api_agent.renew), name="api_renew"),
     path("api/steps/<int:step_id>/unblock", route(post=api.unblock), name="api_unblock"),

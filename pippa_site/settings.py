@@ -198,6 +198,9 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "pippa@localhost")
 # The loop (DESIGN.md).
 LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5)
 LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60)
+# An API agent's lease from `next`, `renew` (DESIGN.md §8); it keeps its task this long after
+# its last claim or renewal unless it lets go first.
+LOOP_AGENT_LEASE_SECONDS = env_int("LOOP_AGENT_LEASE_SECONDS", LOOP_STEP_TIMEOUT)
 LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30)
 # A worker runs a task's next step in the commit of the last one's verdict for up to this long,
 # then lets the lease go so other tasks get a turn.

@@ -413,7 +413,8 @@ def test_next_on_a_step_that_must_ask_answers_no_step(pippa_agent: Agent) -> Non
     assert body["step"] is None
     assert body["task"]["state"] == "blocked"
     assert body["task"]["steps"][0]["question"]["kind"] == "may_i"
-    assert Task.objects.get(pk=task.pk).lease_owner is None
+    # The agent keeps the task while Dad is asked: once he answers, it is the agent's to run.
+    assert Task.objects.get(pk=task.pk).lease_owner == -AgentToken.objects.get(name="pippa").pk
 
 
 # ---- answers -----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """An outside agent drives a task itself (DESIGN.md §8, §12): `next` claims the task's lease
 and starts its step exactly as a worker's tick would; the agent does the work (its side
 effects through `POST /api/effects`, the outbox) and `commit`s the verdict, fenced on the
-lease epoch its lease token carries.
+lease epoch its lease token carries. The agent keeps the task between its steps — workers do
+not claim it — until it lets go (`release` on a commit, or `POST /api/tasks/{id}/release`),
+its lease runs out (LOOP_AGENT_LEASE_SECONDS after `next` or `renew`), or the task finishes.
 
 The agent's lease owner id is its token's negative pk (`AgentToken.lease_owner`), so it never
 collides with a worker's, and boot reconciliation never retires it.
@@ -22,7 +24,7 @@ from .. import effects, journal, lease, questions, tools
 from ..effects import canonical
 from ..judges import Verdict
 from ..judges.tool import resolved_args
-from ..models import AgentToken, EffectState, EventKind, Step, TaskState, Worker
+from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..tick import NeedsProbe, Started, StepLifecycle
 from .core import ApiError, Call, command, get_step, get_task
@@ -34,8 +36,9 @@ VERDICTS = ("done", "failed", "retry", "blocked")
 class AgentLifecycle(StepLifecycle):
     """The runner's step transactions (guard and start, fenced commit), as this agent."""
 
-    def __init__(self, agent: AgentToken) -> None:
+    def __init__(self, agent: AgentToken, *, keeps_lease: bool = True) -> None:
         self.agent = agent
+        self.keeps_lease = keeps_lease
         self.stopping = False
         self.once = True
         self.batch_size = 1
@@ -98,7 +101,7 @@ def next_step(call: Call, task_id: int) -> HttpResponse:
     lifecycle = AgentLifecycle(call.agent)
     with transaction.atomic():
         epoch = lease.claim_task(
-            task_id, call.agent.lease_owner, seconds=settings.LOOP_STEP_TIMEOUT
+            task_id, call.agent.lease_owner, seconds=settings.LOOP_AGENT_LEASE_SECONDS
         )
         if epoch is None:
             raise _not_claimable(task_id)
@@ -133,18 +136,12 @@ def _not_claimable(task_id: int) -> ApiError:
             f"run_after: task {task_id} waits until {task.run_after.isoformat()} (a retry)",
             retry_at=task.run_after.isoformat(),
         )
-    until = task.lease_until.isoformat() if task.lease_until else "now"
+    holder = lease.holder(task)
+    if holder is None:  # let go since the claim was refused
+        return ApiError(409, f"lease: task {task_id} was held; ask again")
     return ApiError(
-        409, f"lease: task {task_id} is held by {_holder(task.lease_owner)} until {until}"
+        409, f"lease: task {task_id} is held by {holder} until {holder.until.isoformat()}"
     )
-
-
-def _holder(owner: int | None) -> str:
-    if owner is not None and owner < 0:
-        agent = AgentToken.objects.filter(pk=-owner).first()
-        return agent.actor if agent else f"agent {-owner}"
-    worker = Worker.objects.filter(pk=owner).first() if owner is not None else None
-    return str(worker) if worker else f"worker {owner}"
 
 
 # ---- commit and renew ------------------------------------------------------------------------
@@ -154,18 +151,31 @@ def _holder(owner: int | None) -> str:
 def commit(call: Call, step_id: int) -> HttpResponse:
     """The agent's verdict on the step it holds, fenced on the lease: a late one is journaled
     (`late_result`) and refused. The next step is not started: the agent asks `next`."""
-    data = call.body(frozenset({"lease_token", "verdict", "output", "error", "delay"}))
+    data = call.body(frozenset({"lease_token", "verdict", "output", "error", "delay", "release"}))
     step = get_step(step_id)
     started = held_step(call, data, step)
     verdict = _verdict(data)
+    release = data.get("release", False)
+    if not isinstance(release, bool):
+        raise ApiError(400, "release: must be true or false")
     if verdict.kind == "blocked" and not step.effects.filter(state=EffectState.UNCERTAIN).exists():
         # "blocked" asks Dad "Did this happen?" about the step's uncertain effects; with none,
         # there is nothing to ask (`/api/effects` answers 409 "may have happened" first).
         raise ApiError(409, f"verdict: step '{step.key}' has no uncertain effect to ask about")
-    if not AgentLifecycle(call.agent).commit(started, verdict):
+    if not AgentLifecycle(call.agent, keeps_lease=not release).commit(started, verdict):
         raise ApiError(409, _moved_on(started) + "; the verdict was journaled as late_result")
     step.refresh_from_db()
-    return JsonResponse({"step": step_dict(step), "task": task_summary(get_task(step.task_id))})
+    task = get_task(step.task_id)
+    return JsonResponse(
+        {"step": step_dict(step), "task": task_summary(task), "lease_until": _held_until(task)}
+    )
+
+
+def _held_until(task: Task) -> str | None:
+    """Until when the task's lease is the caller's (it just committed under it), or None."""
+    return (
+        task.lease_until.isoformat() if task.lease_owner is not None and task.lease_until else None
+    )
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:
@@ -192,14 +202,29 @@ def _verdict(data: dict[str, Any]) -> Verdict:
 
 @command()
 def renew(call: Call, step_id: int) -> HttpResponse:
-    """Extend the agent's lease on the step's task by LOOP_STEP_TIMEOUT from now."""
+    """Extend the agent's lease on the step's task by LOOP_AGENT_LEASE_SECONDS from now."""
     data = call.body(frozenset({"lease_token"}))
     started = held_step(call, data, get_step(step_id))
     owner = call.agent.lease_owner
-    if not lease.renew(started.task_id, owner, started.epoch, seconds=settings.LOOP_STEP_TIMEOUT):
+    seconds = settings.LOOP_AGENT_LEASE_SECONDS
+    if not lease.renew(started.task_id, owner, started.epoch, seconds=seconds):
         raise ApiError(409, _moved_on(started))
     task = get_task(started.task_id)
     return JsonResponse({"lease_until": task.lease_until.isoformat() if task.lease_until else None})
+
+
+@command()
+def release(call: Call, task_id: int) -> HttpResponse:
+    """Let go of a task this agent holds, so workers (or other agents) may take it. A step it
+    started and did not commit is left `running`: its next holder re-enters it as a cut."""
+    call.body(frozenset())
+    task = get_task(task_id)
+    if not lease.let_go(task_id, call.agent.lease_owner):
+        holder = lease.holder(task)
+        held = f"is held by {holder}" if holder else "is not held"
+        raise ApiError(409, f"lease: task {task_id} {held}, not by {call.agent.actor}")
+    journal.record(EventKind.LEASE_RELEASED, task=task_id, actor=call.agent.actor)
+    return JsonResponse({"task": task_summary(get_task(task_id))})
 
 
 # ---- effects -----------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def document() -> dict[str, Any]:
             },
             "/api/tasks/{task_id}/next": {
                 "post": _command(
-                    "Claim the task's lease (LOOP_STEP_TIMEOUT, 15 minutes) and start its first open step; `step` is null when the guard asked a question or nothing is left to run",
+                    "Claim the task's lease (LOOP_AGENT_LEASE_SECONDS, 15 minutes) and start its first open step; `step` is null when the guard asked a question or nothing is left to run. The agent keeps the task between its commits (workers do not claim it) until it lets go or the lease runs out",
                     EMPTY,
                     200,
                     _object(
@@ -169,9 +169,20 @@ def document() -> dict[str, Any]:
                     params=[TASK_ID],
                 ),
             },
+            "/api/tasks/{task_id}/release": {
+                "post": _command(
+                    "Let go of a task this agent holds, so workers may take it; 409 when the agent does not hold it",
+                    EMPTY,
+                    200,
+                    _object(["task"], task=_ref("TaskSummary")),
+                    404,
+                    409,
+                    params=[TASK_ID],
+                ),
+            },
             "/api/steps/{step_id}/commit": {
                 "post": _command(
-                    "Commit the verdict on the step this agent holds, fenced on its lease; a late one is journaled as late_result and refused (409)",
+                    "Commit the verdict on the step this agent holds, fenced on its lease; a late one is journaled as late_result and refused (409). The agent keeps the task (its lease unchanged) unless `release` is true or the task finished",
                     _object(
                         ["lease_token", "verdict"],
                         lease_token=LEASE_TOKEN,
@@ -183,9 +194,21 @@ def document() -> dict[str, Any]:
                             "minimum": 0,
                             "description": "retry: seconds to wait",
                         },
+                        release={
+                            "type": "boolean",
+                            "description": "let go of the task with this commit (default false)",
+                        },
                     ),
                     200,
-                    _object(["step", "task"], step=_ref("Step"), task=_ref("TaskSummary")),
+                    _object(
+                        ["step", "task", "lease_until"],
+                        step=_ref("Step"),
+                        task=_ref("TaskSummary"),
+                        lease_until={
+                            "oneOf": [{"type": "string", "format": "date-time"}, {"type": "null"}],
+                            "description": "until when the agent still holds the task; null once let go",
+                        },
+                    ),
                     403,
                     404,
                     409,
@@ -321,6 +344,17 @@ SCHEMAS: dict[str, Any] = {
                 created_at="string",
                 successor={"type": ["integer", "null"]},
                 steps={"type": "array", "items": _ref("Step")},
+                events={
+                    "type": "array",
+                    "items": _typed(
+                        id="integer",
+                        kind="string",
+                        step={"type": ["integer", "null"]},
+                        actor="string",
+                        at="string",
+                        data="object",
+                    ),
+                },
             ),
         ]
     },

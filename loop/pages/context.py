@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import health, questions, timeline
+from .. import health, lease, questions, timeline
 from ..models import Effect, Event, QuestionKind, Step, StepState, Task, TaskState
 
 ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
@@ -44,6 +44,7 @@ class Progress:
     done: int
     total: int
     current: Step | None
+    holder: lease.Holder | None = None
 
     @property
     def percent(self) -> int:
@@ -116,12 +117,13 @@ def progress() -> list[Progress]:
     steps: dict[int, list[Step]] = {t.pk: [] for t in tasks}
     for step in Step.objects.filter(task_id__in=list(steps)).order_by("position"):
         steps[step.task_id].append(step)
+    holders = lease.holders(tasks)
     rows = []
     for task in tasks:
         plan = steps[task.pk]
         current = next((s for s in plan if s.state not in (StepState.DONE, StepState.FAILED)), None)
         done = sum(1 for s in plan if s.state == StepState.DONE or s.waived)
-        rows.append(Progress(task, done, len(plan), current))
+        rows.append(Progress(task, done, len(plan), current, holders.get(task.pk)))
     return rows
 
 
@@ -205,11 +207,15 @@ def task_timeline(task: Task) -> timeline.Timeline:
     return timeline.build(steps, marks, timezone.now())
 
 
+def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
+    """What the task page's head shows: the task, and who holds it now (worker or agent)."""
+    return {"can_act": can_act, "task": task, "holder": lease.holder(task)}
+
+
 def task_page(task: Task, *, can_act: bool) -> dict[str, Any]:
     events = list(Event.objects.filter(task=task).order_by("-id")[:JOURNAL_ROWS])
     return {
-        "can_act": can_act,
-        "task": task,
+        **task_head(task, can_act=can_act),
         "steps": step_views(task),
         "journal": journal_rows(events),
         "timeline": task_timeline(task),

@@ -3,13 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from loop.api.core import issue
+from loop.management.base import LoopCommand
 from loop.models import AgentToken
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Make an API token for an agent (printed once), or revoke one."
 
     def add_arguments(self, parser: CommandParser) -> None:

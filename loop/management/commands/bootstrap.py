@@ -6,9 +6,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
 
 from loop import actions, plans
+from loop.management.base import LoopCommand
 from loop.models import Task
 
 DEMO_PLAN = """
@@ -30,7 +30,7 @@ steps:
 """
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "First run: an admin user (login printed) and a demo task. Safe to run again."
 
     def handle(self, *args: Any, **options: Any) -> None:

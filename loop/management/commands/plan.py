@@ -4,12 +4,13 @@ import getpass
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from loop import actions, plans
+from loop.management.base import LoopCommand
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Create a task from a plan file (YAML or JSON); prints the new task's id."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -3,12 +3,11 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from loop.boot import reconcile
+from loop.management.base import LoopCommand
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Settle the effects and release the leases of dead workers (as a worker's boot does)."
 
     def handle(self, *args: Any, **options: Any) -> None:

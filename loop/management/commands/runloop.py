@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from loop.management.base import LoopCommand
 from loop.runner import Runner
 
 
@@ -24,7 +25,7 @@ def batch(value: str) -> int:
     return size
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Run the loop: boot reconciliation, then claim and run steps until signalled."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -35,4 +36,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        Runner(label=options["worker_id"] or "", once=options["once"], batch=options["batch"]).run()
+        runner = Runner(
+            label=options["worker_id"] or "", once=options["once"], batch=options["batch"]
+        )
+        failed = runner.run()
+        if failed and options["once"]:
+            raise CommandError(f"--once: the tick failed: {failed}")

@@ -3,14 +3,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from loop.management.base import LoopCommand
 from loop.models import Task
 from loop.serialize import task_dict
 from loop.tools.shown import Field, as_text, terminal_safe
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Show a task with its steps, effects and questions."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -20,7 +21,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         task = Task.objects.filter(pk=options["id"]).first()
         if task is None:
-            raise CommandError(f"no task {options['id']}")
+            raise CommandError(f"id: no task {options['id']}")
         data = task_dict(task)
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2, default=str))

@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from loop.management.base import LoopCommand
 from loop.models import Task
 from loop.serialize import task_summary
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "List tasks."
 
     def add_arguments(self, parser: CommandParser) -> None:

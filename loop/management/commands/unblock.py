@@ -3,13 +3,14 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from loop import actions
+from loop.management.base import LoopCommand
 from loop.models import Step
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Answer a blocked step's question."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,7 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not Step.objects.filter(pk=options["step"]).exists():
-            raise CommandError(f"no step {options['step']}")
+            raise CommandError(f"step: no step {options['step']}")
         try:
             step = actions.unblock(
                 step_id=options["step"],
