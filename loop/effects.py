@@ -186,7 +186,8 @@ def _intent(send: Send, eid: str) -> dict[str, Any]:
         "task_id": send.step.task_id,
         "step_id": send.step.pk,
         "tool": send.tool.name,
-        "safe_to_repeat": send.tool.safe_to_repeat,
+        # This call's, not only its kind's: a receiver that deduplicates makes it so too.
+        "safe_to_repeat": send.tool.repeatable(send.args),
         "target": target[:500],
         "summary": summary,
         "request": send.args,
@@ -372,7 +373,7 @@ def _settle_outcome(send: Send, response: dict[str, Any] | None, exc: Exception 
         _settle(effect, "reject", holder, mine, {"error": str(exc)})
         send.error = EffectRejected(str(exc))
         send.error.__cause__ = exc
-    elif send.tool.safe_to_repeat:
+    elif effect.safe_to_repeat:
         # Performing it again is harmless (§5): no question, back to `pending` and retry.
         log.warning("effect %s %s failed, will repeat: %r", effect.tool, effect.target, exc)
         _settle(effect, "requeue", holder, mine, {"error": f"{type(exc).__name__}: {exc}"})

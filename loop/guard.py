@@ -40,7 +40,9 @@ class StepFacts:
     # The authorization was given for a call other than the one about to run (§5: an answer
     # is for what Dad saw).
     authorized_other_call: bool = False
-    repeatable: bool = False  # its tool is safe to repeat: a cut simply runs it again
+    # Its call is safe to repeat (`Tool.repeatable`: a safe kind, or a receiver that
+    # deduplicates by the effect id): a cut simply runs it again.
+    repeatable: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,14 @@ A tick moves a batch of up to `LOOP_BATCH` tasks a step each, so one commit serv
 
 Read-only steps share a batch freely and run first, in turn. Up to `LOOP_BATCH_EFFECTS`
 side-effect steps join a batch; they run last and together, their calls sharing the outbox's
-commits (`effects.send_all`), so a crash leaves at most that many effects to settle by §5.
-Read-only steps cut by a crash simply run again.
+commits (`effects.send_all`). Read-only steps cut by a crash simply run again.
+
+Which side-effect steps may share a batch is decided per step, from its tool and arguments,
+before it starts: a call whose cut settles without a person (`Tool.repeatable`: a kind safe to
+repeat, or a receiver that deduplicates by the effect id) may go with others; a call whose cut
+would ask "Did this happen?" (or "May I do this?", had it not gone out) goes alone — a batch
+holds at most `ASKING_AT_ONCE` of those, and the rest wait for a later tick (`DEFERRED`). So a
+crash asks a person at most one question per worker.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from .transitions import move_step, move_steps
 
 log = logging.getLogger("loop.runner")
 
+# Side-effect steps whose cut would need a person's answer that one batch holds at once.
+ASKING_AT_ONCE = 1
+
 
 @dataclass
 class Started:
@@ -44,10 +53,12 @@ class Started:
     epoch: int
     step: Step
     call: effects.Send | None = None  # its side-effect call, intent written with its start
+    asks_if_cut: bool = False  # a side-effect call that is not safe to repeat
 
 
 class Deferred:
-    """A side-effect step not started because the batch holds enough; lease let go."""
+    """A side-effect step not started because the batch holds enough such steps (or one that
+    would ask if cut, for a step that would too); its lease let go."""
 
 
 DEFERRED = Deferred()
@@ -87,8 +98,10 @@ class StepLifecycle:
     def _claim_batch(self) -> list[Begun]:
         """Inside one transaction: claim up to `batch_size` tasks and begin each. Claims go in
         rounds of as many tasks as the batch has room for, and never more than it has room for
-        side-effect steps (a task begins one step at most), so no claimed task is turned away.
-        Stops when no more tasks are free, or the batch is full."""
+        side-effect steps (a task begins one step at most). A claimed task whose step would ask
+        if cut, while the batch holds one such, is deferred; then claiming stops (the deferred
+        task's lease is free again: another round could take it back). Stops too when no more
+        tasks are free, or the batch is full."""
         batch: list[Begun] = []
         with journal.batched():
             while True:
@@ -98,8 +111,12 @@ class StepLifecycle:
                 claimed = lease.claim_many(self.worker_id, room) if room > 0 else []
                 if not claimed:
                     break
-                begun = self._begin_claimed(claimed)
+                begun = self._begin_claimed(
+                    claimed, asking_room=ASKING_AT_ONCE - _asking_steps(batch)
+                )
                 batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
+                if any(isinstance(b, Deferred) for b in begun):
+                    break
             self.in_hand = named(batch)  # what the rest of its transaction would start
             self._intend_first_calls(batch)
         return batch
@@ -109,7 +126,8 @@ class StepLifecycle:
     ) -> list[Begun]:
         """These verdicts, each fenced, in one transaction; with each `done` the start of that
         task's next step, unless it has side effects and the batch (with the steps still
-        `waiting` to run) already holds `effects_size` such steps."""
+        `waiting` to run) already holds `effects_size` such steps, or it would ask if cut and
+        the batch holds `ASKING_AT_ONCE` such steps."""
         room = not low_disk_reason()
         names = named([started for started, _ in verdicts])
         with transaction.atomic(), journal.batched():
@@ -120,6 +138,7 @@ class StepLifecycle:
             begun = self._begin_all(
                 [(task, epoch, steps.get(task.pk)) for task, epoch in going_on],
                 effects_room=self.effects_size - _effect_steps(waiting),
+                asking_room=ASKING_AT_ONCE - _asking_steps(waiting),
             )
             batch = [b for b in begun if isinstance(b, Started | NeedsProbe)]
             self._intend_first_calls(batch)
@@ -146,7 +165,11 @@ class StepLifecycle:
         return begun
 
     def _begin_claimed(
-        self, claimed: list[tuple[int, int]], *, probed: bool = False
+        self,
+        claimed: list[tuple[int, int]],
+        *,
+        probed: bool = False,
+        asking_room: int | None = None,
     ) -> list[Started | NeedsProbe | Deferred | None]:
         """Inside the transaction that claimed (or fenced) these tasks at these epochs:
         `_begin_all` of them, their rows and first open steps read with a statement each."""
@@ -160,7 +183,7 @@ class StepLifecycle:
             f"task {task.pk} step '{step.key}'" if step else f"task {task.pk}"
             for task, _, step in held
         )
-        return self._begin_all(held, probed=probed)
+        return self._begin_all(held, probed=probed, asking_room=asking_room)
 
     def _begin_all(
         self,
@@ -168,17 +191,24 @@ class StepLifecycle:
         *,
         probed: bool = False,
         effects_room: int | None = None,
+        asking_room: int | None = None,
     ) -> list[Started | NeedsProbe | Deferred | None]:
         """Inside the caller's transaction, for each held task (at its lease epoch) with its
         first open step: guard the step and start it, or record why not (a question, the
         attempt cap, a wait) and let the lease go. The starts are written together, one
         statement for each kind of start. Once `effects_room` side-effect steps have begun, a
-        further one is left for a later tick (`DEFERRED`, lease let go)."""
+        further one is left for a later tick (`DEFERRED`, lease let go); so is a step that
+        would ask if cut, once `asking_room` such steps have begun."""
         starts: list[tuple[Step, guard.Decision]] = []
         begun: list[Started | NeedsProbe | Deferred | None] = []
         for task, epoch, step in held:
             room = effects_room is None or _effect_steps(begun) < effects_room
-            begun.append(self._guard(task, epoch, step, starts, probed=probed, side_effects=room))
+            asking = asking_room is None or _asking_steps(begun) < asking_room
+            begun.append(
+                self._guard(
+                    task, epoch, step, starts, probed=probed, side_effects=room, asking=asking
+                )
+            )
         self._start_all(starts)
         return begun
 
@@ -191,13 +221,18 @@ class StepLifecycle:
         *,
         probed: bool,
         side_effects: bool,
+        asking: bool,
     ) -> Started | NeedsProbe | Deferred | None:
-        """One task of `_begin_all`: a step the guard lets start is added to `starts`."""
+        """One task of `_begin_all`: a step the guard lets start is added to `starts`. Without
+        `side_effects` room a side-effect step is deferred; without `asking` room, one whose
+        call is not safe to repeat."""
         if step is None or step.state == StepState.BLOCKED:
             actions.follow(task, actor=self.actor)
             self._let_go(task)
             return None
-        if step.side_effect and not side_effects:
+        tool = tools.find(step.tool)  # None if its app is gone: the judge fails it, naming it
+        repeatable = step.side_effect and _repeatable(step, tool)
+        if step.side_effect and not (side_effects and (asking or repeatable)):
             lease.release(task)
             return DEFERRED
         # A read-only step never has effects (the judge refuses side-effect tools for it),
@@ -209,7 +244,6 @@ class StepLifecycle:
                 effects.doubt(
                     effect, actor=self.actor, why="its claim lapsed before the outcome was recorded"
                 )
-        tool = tools.find(step.tool)  # None if its app is gone: the judge fails it, naming it
         facts = guard.StepFacts(
             state=step.state,
             side_effect=step.side_effect,
@@ -220,7 +254,7 @@ class StepLifecycle:
             authorized=bool(step.authorized_by),
             authorized_other_call=bool(step.authorized_by)
             and step.authorized_call != calls.of(step),
-            repeatable=bool(tool and tool.safe_to_repeat),
+            repeatable=repeatable,
         )
         decision = guard.decide(
             facts,
@@ -229,7 +263,7 @@ class StepLifecycle:
         )
         if decision.starts:
             starts.append((step, decision))
-            return Started(task.pk, epoch, step)
+            return Started(task.pk, epoch, step, asks_if_cut=step.side_effect and not repeatable)
         if decision is guard.Decision.ASK_DID_IT_HAPPEN:
             uncertain = [e for e in step_effects if e.state == EffectState.UNCERTAIN]
             if not probed and any(_probe_of(e) and not e.evidence for e in uncertain):
@@ -494,3 +528,19 @@ def _describe(step: Step, tool: tools.Tool | None) -> tuple[str, str]:
     if tool is None:
         return "", f"tool '{step.tool}' is not installed"
     return tool.summary(questions.asked_args(step))
+
+
+def _asking_steps(batch: Sequence[Begun | Deferred | None]) -> int:
+    """How many of the batch's side-effect steps would ask a person if cut (a step to probe
+    is one: its effect was uncertain)."""
+    return sum(
+        isinstance(b, NeedsProbe) or (isinstance(b, Started) and b.asks_if_cut) for b in batch
+    )
+
+
+def _repeatable(step: Step, tool: tools.Tool | None) -> bool:
+    """Whether the step's call, as its start will make it, settles without a person if cut."""
+    if tool is None:
+        return False
+    # A kind safe to repeat is, whatever its arguments: spare resolving them.
+    return tool.safe_to_repeat or tool.repeatable(questions.asked_args(step))

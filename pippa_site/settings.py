@@ -233,6 +233,15 @@ LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30)
 # Where http.post/put may ask "do you know this Idempotency-Key?" (a probe); {key} is filled in.
 LOOP_HTTP_PROBE_URL = os.environ.get("LOOP_HTTP_PROBE_URL", "")
+# URL prefixes of receivers that deduplicate on Idempotency-Key: POST/PUT there are safe to
+# repeat, so a cut sends them again instead of asking, and a worker sends many at once.
+LOOP_IDEMPOTENT_RECEIVERS = env_list("LOOP_IDEMPOTENT_RECEIVERS", [])
+try:
+    from loop.tools.receivers import parse_all as _receivers
+
+    _receivers(LOOP_IDEMPOTENT_RECEIVERS)
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"LOOP_IDEMPOTENT_RECEIVERS: {_exc}") from None
 
 LOGGING = {
     "version": 1,

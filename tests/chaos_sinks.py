@@ -4,6 +4,11 @@ record every delivery, so a test knows the truth about what reached the world.
 Each delivery is checked against the database as it arrives (a plain `sqlite3` reader, so it
 sees only what was committed): an email or a POST may only arrive while its effect row is
 committed `running` — claimed, under a committed intent. Anything else is a violation.
+
+The HTTP receiver may deduplicate on `Idempotency-Key`, as payment APIs do (`dedupe=True`): the
+first request with a key is the action, recorded as a delivery; a later one with that key gets
+the stored answer and is recorded as a replay, not a second action (while the first is still
+being answered, it gets 409, as the IETF Idempotency-Key draft says).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class _Record:
     db_path: str | None  # a DATABASE_URL: sqlite:///… or postgres://…
     max_delay_ms: int
     deliveries: list[Delivery] = field(default_factory=list)
+    replays: list[Delivery] = field(default_factory=list)  # repeats a deduplicating sink answered
     violations: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0
@@ -57,9 +63,9 @@ class _Record:
                 row = db.execute(sql, params).fetchone()
         return row[0] if row else "(no intent)"
 
-    def add(self, delivery: Delivery) -> None:
+    def add(self, delivery: Delivery, *, replay: bool = False) -> None:
         with self.lock:
-            self.deliveries.append(delivery)
+            (self.replays if replay else self.deliveries).append(delivery)
             if self.db_path and delivery.effect_state != "running":
                 self.violations.append(
                     f"{delivery.key} arrived while its effect was {delivery.effect_state}"
@@ -83,14 +89,22 @@ class _Record:
 class HttpSink:
     """POST /hook/<name> records the Idempotency-Key and answers 200 at once (or a few ms
     late). GET /probe/<key> answers 200 if a POST to a probe-able hook carried that key, 503
-    ("can't tell") if one to another hook did, 404 if none did. GET /ping answers 200."""
+    ("can't tell") if one to another hook did, 404 if none did. GET /ping answers 200. With
+    `dedupe`, a POST that repeats a key is answered from the first one's answer (a replay)."""
 
     def __init__(
-        self, *, db_path: str | None = None, max_delay_ms: int = 0, probeable: str = "/hook/probe"
+        self,
+        *,
+        db_path: str | None = None,
+        max_delay_ms: int = 0,
+        probeable: str = "/hook/probe",
+        dedupe: bool = False,
     ) -> None:
         self.record = _Record(db_path, max_delay_ms)
         self.probeable = probeable
         self.probes = 0
+        self.dedupe = dedupe
+        self.answers: dict[str, Any] = {}  # key -> the stored answer (None: being answered)
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -114,9 +128,26 @@ class HttpSink:
                     return  # the sender died mid-request: nothing was delivered
                 key = self.headers.get("Idempotency-Key") or ""
                 state = sink.record.committed_state("id = ?", (key,))
-                sink.record.add(Delivery(key, self.path, body, state))
+                delivery = Delivery(key, self.path, body, state)
+                if sink.dedupe:
+                    with sink.record.lock:
+                        seen = key in sink.answers
+                        stored = sink.answers.get(key)
+                        if not seen:
+                            sink.answers[key] = None  # being answered
+                    if seen:
+                        sink.record.add(delivery, replay=True)
+                        if stored is None:
+                            self._answer(409, {"error": "a request with this key is in progress"})
+                        else:
+                            self._answer(200, stored)
+                        return
+                sink.record.add(delivery)
                 time.sleep(sink.record.delay())
-                self._answer(200, {"received": key})
+                answer = {"received": key}
+                with sink.record.lock:
+                    sink.answers[key] = answer
+                self._answer(200, answer)
 
             def do_GET(self) -> None:
                 if self.path.startswith("/probe/"):

@@ -20,9 +20,9 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 
-# Ways the receiver answers a write: "ok" 200; "500"; "408"; "400"; "429" (Retry-After: 7);
+# Ways the receiver answers a write: "ok" 200; "500"; "408"; "400"; "409"; "429" (Retry-After: 7);
 # "hang": hold the request (after reading it) until released or the test ends, then 200.
-BEHAVIOURS = {"ok", "500", "408", "400", "429", "hang"}
+BEHAVIOURS = {"ok", "500", "408", "400", "409", "429", "hang"}
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Receiver:
                     receiver._release.wait(120)
                 if how == "429":
                     self._answer(429, {"error": "slow down"}, {"Retry-After": "7"})
-                elif how in ("500", "408", "400"):
+                elif how in ("500", "408", "400", "409"):
                     self._answer(int(how), {"error": how})
                 else:
                     self._answer(200, {"received": len(body)})

@@ -1,6 +1,7 @@
 """A tick moves a batch of tasks a step each per commit (DESIGN.md §4): every step's start is
 committed before it runs; up to LOOP_BATCH_EFFECTS side-effect steps run together, after the
-read-only ones, sharing the outbox's commits, each effect claimed before it is performed."""
+read-only ones, sharing the outbox's commits, each effect claimed before it is performed. Of
+those, at most one is a step whose cut would ask a person; the others settle themselves."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from loop.tick import Started
 from loop.transitions import Conflict
 
 from .conftest import make_task, run_until_idle, step
+from .sinks import Receiver
 
 # Real commits, so another connection sees only what is durable.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -242,3 +244,60 @@ def test_one_statement_claims_the_least_claimed_free_tasks(worker: Runner) -> No
     # What is left: the often-claimed one; never the one another holds.
     assert lease.claim_many(worker.worker_id, 5) == [(tasks[0].pk, 6)]
     assert Task.objects.get(pk=tasks[1].pk).lease_owner == 99
+
+
+# ---- one question per crash at most: the batch's side-effect steps, by what a cut would need --
+
+
+def running_at_once(tool: str) -> int:
+    """The most effects of `tool` that were claimed and not yet settled at the same time, as
+    the journal tells (claims and outcomes in commit order)."""
+    flying = most = 0
+    for event in Event.objects.filter(kind="effect_state").order_by("id"):
+        if Effect.objects.get(pk=event.effect_id).tool != tool:
+            continue
+        flying += (event.data["new"] == "running") - (event.data.get("old") == "running")
+        most = max(most, flying)
+    return most
+
+
+def test_a_batch_holds_one_side_effect_step_that_would_ask_if_cut_and_many_that_would_not(
+    worker: Runner,
+) -> None:
+    for n in range(3):
+        make_task(
+            step(f"once-{n}", "test.seen_once", args={}),
+            step(f"repeat-{n}", "test.seen_effect", args={}),
+            title=f"t{n}",
+        )
+    for n in range(3):
+        make_task(step(f"alone-{n}", "test.seen_effect", args={}), title=f"u{n}")
+    run_until_idle(worker)
+    assert set(Step.objects.values_list("state", flat=True)) == {"done"}
+    for done in Step.objects.all():
+        flying = done.output["running_side_effect"]
+        assert len([key for key in flying if key.startswith("once-")]) <= 1, (done.key, flying)
+    # The ones whose cut settles itself went together, beside the one that would ask.
+    assert max(len(s.output["running_side_effect"]) for s in Step.objects.all()) >= 4
+    assert running_at_once("test.seen_once") == 1
+    assert running_at_once("test.seen_effect") >= 3
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_posts_go_one_at_a_time_unless_their_receiver_deduplicates_on_the_key(
+    worker: Runner, settings: Any, listed: bool
+) -> None:
+    with Receiver() as receiver:
+        settings.LOOP_IDEMPOTENT_RECEIVERS = [receiver.url("/pay")] if listed else []
+        tasks = [
+            make_task(
+                step("pay", "http.post", args={"url": receiver.url("/pay"), "json": [n]}),
+                title=f"p{n}",
+            )
+            for n in range(4)
+        ]
+        run_until_idle(worker)
+        assert len(receiver.posts) == 4
+    assert all(Step.objects.get(task=task).state == "done" for task in tasks)
+    assert running_at_once("http.post") == (4 if listed else 1)
+    assert set(Effect.objects.values_list("safe_to_repeat", flat=True)) == {listed}

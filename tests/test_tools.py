@@ -22,7 +22,7 @@ from loop.runner import Runner
 from loop.tools.mail import message_id
 
 from .conftest import make_task, run_until_idle, step
-from .cuts import cut, next_worker, sent_not_recorded
+from .cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
 from .sinks import Mailbox, Receiver, closed_url, smtp_server
 
 
@@ -289,13 +289,18 @@ def test_email_goes_out_over_smtp_once_with_a_message_id_from_the_effect(
 
 
 def test_a_batch_performs_its_effects_at_once_and_records_each_outcome_on_its_own(
-    worker: Runner, mailbox: Mailbox, receiver: Receiver, settings: Any
+    worker: Runner, file_root: Path, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
+    refused_url = closed_url()
+    # Only one effect of a batch may be one whose cut would ask: the others settle themselves.
+    settings.LOOP_IDEMPOTENT_RECEIVERS = [refused_url]
     receiver.behave("500")
     doubtful = make_task(step("hook", "http.post", args={"url": receiver.url(), "json": {}}))
-    refused = make_task(step("gone", "http.post", args={"url": closed_url(), "json": {}}))
-    mailed = make_task(mail())  # not a two-part tool: a thread of its own
+    refused = make_task(step("gone", "http.post", args={"url": refused_url, "json": {}}))
+    written = make_task(  # not a two-part tool: a thread of its own
+        step("save", "file.write", args={"path": "a.txt", "content": "hi"})
+    )
     assert worker.tick()
     # Every intent, then every claim, committed before anything was performed.
     states = [e.data["new"] for e in Event.objects.filter(kind="effect_state").order_by("id")]
@@ -304,9 +309,9 @@ def test_a_batch_performs_its_effects_at_once_and_records_each_outcome_on_its_ow
     assert only_step(doubtful).question_kind == "did_it_happen"
     assert only_effect(doubtful).state == "uncertain"
     assert only_step(refused).retry_at is not None and only_effect(refused).state == "pending"
-    assert only_step(mailed).state == "done" and only_effect(mailed).state == "succeeded"
+    assert only_step(written).state == "done" and only_effect(written).state == "succeeded"
     assert [r.key for r in receiver.posts] == [only_effect(doubtful).pk]
-    assert len(mailbox.messages) == 1
+    assert (file_root / "a.txt").read_text() == "hi"
 
 
 def test_a_recipient_the_server_refuses_is_rejected(worker: Runner, mailbox: Mailbox) -> None:
@@ -540,16 +545,20 @@ def test_a_command_killed_at_its_timeout_is_uncertain(worker: Runner, shell_on: 
 # ---- probes after a cut: the world answers before a person is asked -----------------------------
 
 
-def test_a_cut_sql_effect_that_committed_is_settled_by_its_probe(db: None, shop: Path) -> None:
+@pytest.mark.parametrize("partway", [sent_not_recorded, claimed_not_sent])
+def test_a_cut_sql_effect_runs_again_and_its_table_answers_without_asking(
+    db: None, shop: Path, partway: Any
+) -> None:
     task = make_task(insert("tea"))
-    cut(task, sent_not_recorded)
+    cut(task, partway)
     run_until_idle(next_worker())
     order, effect = only_step(task), only_effect(task)
     assert order.state == "done" and order.output == {"rowcount": 1}
-    assert (
-        effect.state == "succeeded" and "pippa_effects of shop has this effect" in effect.evidence
-    )
+    # Safe to repeat: its target deduplicates by the effect id (pippa_effects).
+    assert effect.safe_to_repeat and (effect.state, effect.sends) == ("succeeded", 2)
+    assert not Event.objects.filter(kind="step_blocked").exists()  # nobody was asked
     assert rows(shop, "SELECT count(*) FROM orders") == [(1,)]
+    assert rows(shop, "SELECT effect_id FROM pippa_effects") == [(effect.pk,)]
 
 
 def test_a_cut_email_the_file_backend_holds_is_settled_by_its_probe(

@@ -72,6 +72,21 @@ class Tool:
     # and collects their answers after). `start` raises as `run` would; `finish()` returns or
     # raises what `run` would have.
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None
+    # (args) -> whether the receiver of this call keeps what it did under the effect id and
+    # answers a repeat from it, acting once (a table's primary key, an Idempotency-Key
+    # receiver): then this call, like a safe-to-repeat kind's, is simply performed again.
+    dedupes: Callable[[dict[str, Any]], bool] | None = None
+
+    def repeatable(self, args: dict[str, Any]) -> bool:
+        """Whether a cut of this call settles without a person: performing it again cannot
+        make it happen twice (DESIGN.md §5). Decided from the call alone, before it starts;
+        arguments the tool can't read are not repeatable (the judge refuses them anyway)."""
+        if self.safe_to_repeat:
+            return True
+        try:
+            return bool(self.dedupes and self.dedupes(args))
+        except Exception:
+            return False
 
     def check_args(self, args: Any, where: str) -> list[str]:
         """Errors naming `where` and the argument; empty when the args fit the schema."""
@@ -184,6 +199,7 @@ def tool(
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None,
     disabled: Callable[[], str | None] | None = None,
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None,
+    dedupes: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a function as a tool.
 
@@ -205,6 +221,7 @@ def tool(
                 probe=probe,
                 disabled=disabled or (lambda: None),
                 start=start,
+                dedupes=dedupes,
             )
         )
         return func

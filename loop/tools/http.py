@@ -5,6 +5,9 @@ connect timeout) is not sent; 2xx succeeded; 4xx rejected except 408 (uncertain)
 sent, retry after Retry-After); 5xx, or a timeout or reset after the request was written, is
 uncertain. The effect id goes out as `Idempotency-Key`. Each call is one exchange on a
 connection of its own (`wire`).
+
+A receiver listed in LOOP_IDEMPOTENT_RECEIVERS deduplicates on that key (`receivers`): a call
+to it is safe to repeat, and its 409 (still working on this key) is not sent, retried.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, tool, wire
+from . import Arg, ProbeResult, ToolError, TransientError, receivers, tool, wire
 from .shown import Field, json_text
 
 MAX_BODY = 1_000_000
@@ -156,18 +159,28 @@ def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], di
             raise EffectUncertainError(
                 f"{method} {url}: {exc} after the request was written"
             ) from exc
-        return _judge(method, url, response)
+        return _judge(method, url, response, deduplicated=honours_key(args))
 
     return finish
 
 
-def _judge(method: str, url: str, response: wire.Response) -> dict[str, Any]:
+def honours_key(args: dict[str, Any]) -> bool:
+    """The call goes to a receiver listed in LOOP_IDEMPOTENT_RECEIVERS, as the URL says (a
+    plan's own `Host` header could send it to another site on that server: then not)."""
+    if any(str(name).lower() == "host" for name in args.get("headers") or {}):
+        return False
+    return receivers.honours_key(str(args.get("url", "")), settings.LOOP_IDEMPOTENT_RECEIVERS)
+
+
+def _judge(method: str, url: str, response: wire.Response, *, deduplicated: bool) -> dict[str, Any]:
     status, body = response.status, _body(response)
     if 200 <= status < 300:
         return {"status": status, "body": body}
-    if status == 429:
+    if status == 429 or (status == 409 and deduplicated):
+        # 409 from a receiver that deduplicates: it is still working on this key (a request
+        # sent before a cut); the same key again later gets that request's answer.
         delay = retry_after_seconds(response.header("Retry-After") or "")
-        raise EffectNotSent(f"{method} {url}: HTTP 429", retry_after=delay)
+        raise EffectNotSent(f"{method} {url}: HTTP {status}", retry_after=delay)
     if status == 408 or status >= 500:
         raise EffectUncertainError(f"{method} {url}: HTTP {status}")
     if 400 <= status < 500:
@@ -227,6 +240,7 @@ def _writer(method: str) -> None:
         show=_show(method),
         probe=_probe,
         start=start,
+        dedupes=honours_key,
     )(run)
 
 

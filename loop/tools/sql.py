@@ -12,7 +12,13 @@ statement. So
 - a repeat of a committed effect is refused by the primary key and answered from that row;
 - everything before COMMIT is certain: a failure there rolls the statement back (an error in
   the statement is rejected, a lost connection is not sent);
-- only a failed COMMIT is uncertain, and the probe settles it: the row is there or it is not.
+- only a failed COMMIT leaves the outcome unknown, and the row is there or it is not.
+
+So the call deduplicates itself on the effect id (`dedupes`) and is safe to repeat: a cut or a
+failed COMMIT simply runs it again, and the primary key answers if it had committed (on
+PostgreSQL the repeat's INSERT waits for a COMMIT still in flight, then conflicts or goes on).
+No person is asked. The probe (the row, looked up) still answers for an effect recorded
+uncertain before this rule.
 
 Each call opens its own connection and closes it; the loop's connections are never used.
 """
@@ -142,6 +148,7 @@ def _show(args: dict[str, Any]) -> list[Field]:
     describe=lambda args: _describe(args),
     show=lambda args: _show(args),
     probe=lambda args, effect_id: _probe(args, effect_id),
+    dedupes=lambda args: True,  # the target's pippa_effects answers a repeat
 )
 def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     alias = _alias(args)

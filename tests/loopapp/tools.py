@@ -1,5 +1,6 @@
 """Test tools: `test.record` writes every execution to a file; `test.flaky` fails transiently;
-`test.seen` and `test.seen_effect` report what another connection sees while they run.
+`test.seen`, `test.seen_effect` and `test.seen_once` report what another connection sees while
+they run.
 
 Each record is one line, appended with a single O_APPEND write so processes killed at any moment
 leave whole lines:
@@ -104,8 +105,15 @@ def seen(args: dict[str, Any]) -> dict[str, Any]:
     return _seen()
 
 
-@tool("test.seen_effect", args={}, side_effect=True)
+@tool("test.seen_effect", args={}, side_effect=True, safe_to_repeat=True)
 def seen_effect(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    """A side effect whose cut settles itself (it only looks): many share a batch."""
+    return _seen()
+
+
+@tool("test.seen_once", args={}, side_effect=True)
+def seen_once(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    """A side effect whose cut would ask "Did this happen?": a batch holds one at a time."""
     return _seen()
 
 
