@@ -233,6 +233,11 @@ LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30)
 # Where http.post/put may ask "do you know this Idempotency-Key?" (a probe); {key} is filled in.
 LOOP_HTTP_PROBE_URL = os.environ.get("LOOP_HTTP_PROBE_URL", "")
+# Plan input (CLI, dashboard, API, admin): bytes of the document and of the expanded plan, and
+# how deeply its values may nest (API bodies too). Larger API bodies are 413s at
+# DATA_UPLOAD_MAX_MEMORY_SIZE (Django's, 2.5 MB).
+LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024)
+LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32)
 
 LOGGING = {
     "version": 1,

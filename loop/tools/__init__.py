@@ -72,6 +72,9 @@ class Tool:
     # and collects their answers after). `start` raises as `run` would; `finish()` returns or
     # raises what `run` would have.
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None
+    # (args) -> problems ("args.path: outside the file root") found without acting, once the
+    # args fit the schema; a field holding a `${...}` reference is left for run time.
+    check: Callable[[dict[str, Any]], list[str]] | None = None
 
     def check_args(self, args: Any, where: str) -> list[str]:
         """Errors naming `where` and the argument; empty when the args fit the schema."""
@@ -94,6 +97,8 @@ class Tool:
         for name in args:
             if name not in self.args:
                 errors.append(f"{where}: tool '{self.name}' takes no argument '{name}'")
+        if not errors and self.check is not None:
+            errors.extend(f"{where}: {problem}" for problem in self.check(args))
         return errors
 
     def summary(self, args: dict[str, Any]) -> tuple[str, str]:
@@ -127,6 +132,15 @@ def _short(value: Any, limit: int = 200) -> str:
 
 def is_reference(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
+
+
+def fixed(value: Any) -> bool:
+    """No `${...}` reference anywhere inside: the value is known at plan time."""
+    if isinstance(value, dict):
+        return all(fixed(v) for v in value.values())
+    if isinstance(value, list):
+        return all(fixed(v) for v in value)
+    return not is_reference(value)
 
 
 @dataclass(frozen=True)
@@ -184,6 +198,7 @@ def tool(
     probe: Callable[[dict[str, Any], str], ProbeResult] | None = None,
     disabled: Callable[[], str | None] | None = None,
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None,
+    check: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a function as a tool.
 
@@ -205,6 +220,7 @@ def tool(
                 probe=probe,
                 disabled=disabled or (lambda: None),
                 start=start,
+                check=check,
             )
         )
         return func

@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, tool, wire
+from . import Arg, ProbeResult, ToolError, TransientError, fixed, tool, wire
 from .shown import Field, json_text
 
 MAX_BODY = 1_000_000
@@ -53,7 +53,32 @@ def _headers(given: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in (given or {}).items()}
 
 
-@tool("http.get", args={"url": Arg("string"), "headers": Arg("object", required=False)})
+def _check(args: dict[str, Any]) -> list[str]:
+    """The URL and the headers, as far as they are known at plan time."""
+    problems = []
+    if fixed(args["url"]):
+        try:
+            wire.target(args["url"])
+        except ValueError as exc:
+            problems.append("args.url: " + str(exc).removeprefix("'url' "))
+    headers = args.get("headers")
+    for name, value in headers.items() if isinstance(headers, dict) else []:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            problems.append(f"args.headers: header {name!r} must be a string")
+            continue
+        problem = wire.header_problem(name, str(value) if fixed(value) else None)
+        if problem:
+            problems.append(f"args.headers: {problem}")
+    if "json" in args and "body" in args:
+        problems.append("args: give 'json' or 'body', not both")
+    return problems
+
+
+@tool(
+    "http.get",
+    args={"url": Arg("string"), "headers": Arg("object", required=False)},
+    check=_check,
+)
 def http_get(args: dict[str, Any]) -> dict[str, Any]:
     where = _target(args["url"])
     request = _request("GET", where, _headers(args.get("headers")), b"")
@@ -227,6 +252,7 @@ def _writer(method: str) -> None:
         show=_show(method),
         probe=_probe,
         start=start,
+        check=_check,
     )(run)
 
 

@@ -36,7 +36,7 @@ from django.db.utils import load_backend
 from django.utils import timezone
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, tool
+from . import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field, json_text
 
 log = logging.getLogger("loop.tools.sql")
@@ -131,6 +131,23 @@ def _show(args: dict[str, Any]) -> list[Field]:
     return fields
 
 
+def _check(args: dict[str, Any]) -> list[str]:
+    problems = []
+    if fixed(args.get("database")):
+        try:
+            _alias(args)
+        except ToolError as exc:
+            problems.append("args.database: " + str(exc).removeprefix("'database': "))
+    if fixed(args["sql"]) and not args["sql"].strip():
+        problems.append("args.sql: empty")
+    if fixed(args.get("params")):
+        try:
+            _params(args)
+        except ToolError as exc:
+            problems.append("args.params: " + str(exc).removeprefix("'params' "))
+    return problems
+
+
 @tool(
     "sql.execute",
     args={
@@ -142,6 +159,7 @@ def _show(args: dict[str, Any]) -> list[Field]:
     describe=lambda args: _describe(args),
     show=lambda args: _show(args),
     probe=lambda args, effect_id: _probe(args, effect_id),
+    check=_check,
 )
 def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     alias = _alias(args)
