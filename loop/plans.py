@@ -84,7 +84,7 @@ def decode(raw: bytes | str, what: str = "plan", limit: int | None = None) -> st
     """`raw` as text: UTF-8 (a UTF-8 byte-order mark is dropped), at most `limit` bytes."""
     size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
     if limit is not None and size > limit:
-        raise PlanError([f"{what}: {size} bytes is more than the limit of {limit} bytes"])
+        raise PlanError([f"{what}: larger than the limit of {limit} bytes (LOOP_PLAN_MAX_BYTES)"])
     if isinstance(raw, str):
         return raw
     for bom, name in _BOMS.items():
@@ -111,16 +111,12 @@ def decode(raw: bytes | str, what: str = "plan", limit: int | None = None) -> st
 
 def load(text: bytes | str) -> Any:
     """Parse a plan document, JSON or YAML (JSON is YAML, but JSON errors read better as
-    JSON), from bytes or text; PlanError (`plan: ...`) for anything unsafe or unreadable."""
+    JSON), from bytes or text; PlanError (`plan: ...`) for anything unreadable. What is not a
+    JSON value is left in place for `validate` / `validate_steps`, which refuse it by name."""
     text = decode(text, "plan", max_bytes())
     if text.lstrip().startswith(("{", "[")):
-        data = _json(text, "plan")
-    else:
-        data = _yaml(text)
-    problem = check_value(data, "plan")
-    if problem:
-        raise PlanError([problem])
-    return data
+        return _json(text, "plan")
+    return _yaml(text)
 
 
 def load_json(raw: bytes | str, what: str = "body") -> Any:
