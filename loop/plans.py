@@ -174,24 +174,14 @@ def _json(text: str, what: str) -> Any:
         raise PlanError([f"{what}: not valid JSON: {exc}"]) from None
 
 
-class _Loader(yaml.SafeLoader):
-    """The safe loader, minus what is not JSON: aliases, dates, binary, sets, NaN/Infinity,
-    huge integers; and nesting is bounded while it is read (not after a RecursionError)."""
+# libyaml where installed (ten times faster), else the pure-Python parser; either way only
+# SafeConstructor's types are built, and `_screen` has read the events first.
+_Parser: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        line = event.start_mark.line + 1
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _Refused(f"plan: YAML aliases (&/*) are not allowed (line {line})")
-        self.depth += 1
-        if self.depth > max_depth():
-            raise _Refused(f"plan: nested more than {max_depth()} levels deep (line {line})")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+class _Loader(_Parser):  # type: ignore[misc,valid-type]
+    """The safe loader, minus what is not JSON (dates, binary, sets, NaN/Infinity, huge
+    integers, a key given twice): each is refused by name when the plan is validated."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: set[Any] = set()
@@ -202,6 +192,22 @@ class _Loader(yaml.SafeLoader):
                 raise _Refused(f"plan: the key {key!r} appears twice in one mapping (line {line})")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _screen(text: str) -> None:
+    """Refuse aliases and anchors (a few hundred bytes of them expand to gigabytes) and deep
+    nesting, from the event stream alone: before anything is composed or built."""
+    depth, deepest = 0, max_depth()
+    for event in yaml.parse(text, Loader=_Parser):
+        line = event.start_mark.line + 1 if event.start_mark else 0
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(f"plan: YAML aliases (&/*) are not allowed (line {line})")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > deepest:
+                raise _Refused(f"plan: nested more than {deepest} levels deep (line {line})")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _not_json(what: str) -> Callable[[_Loader, Any], Any]:
@@ -240,6 +246,7 @@ _Loader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 
 def _yaml(text: str) -> Any:
     try:
+        _screen(text)
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except _Refused as exc:
         raise PlanError([str(exc)]) from None
