@@ -32,5 +32,5 @@ urlpatterns = [
     path("api/steps/<int:step_id>/unblock", route(post=api.unblock), name="api_unblock"),
     path("api/effects", route(post=api_agent.effect), name="api_effects"),
     path("api/events", route(get=api.events), name="api_events"),
-    re_path(r"^api/", not_found),  # any other /api/ path: a JSON 404, not Django's HTML
+    re_path(r"^api(?:/|$)", not_found),  # any other /api/ path: a JSON 404, not Django's HTML
 ]

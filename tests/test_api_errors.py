@@ -45,6 +45,7 @@ def detail(response: Any, status: int) -> str:
         ("POST", "/api/tasks/abc/pause"),
         ("DELETE", "/api/steps/x/commit"),
         ("GET", "/api/tasks/"),  # no trailing slashes
+        ("GET", "/api"),
     ],
 )
 def test_an_unknown_api_path_is_a_json_404_naming_it(agent: Client, method: str, path: str) -> None:
