@@ -151,7 +151,11 @@ def test_the_dashboard_and_add_steps_refuse_it_too(dad: User, file_root: Path) -
     assert Task.objects.count() == 1 and Step.objects.count() == 1
 
 
-def test_an_agents_effect_call_is_checked_the_same_way(dad: User, file_root: Path) -> None:
+def test_an_agents_effect_call_is_checked_once_its_args_are_resolved(
+    dad: User, file_root: Path
+) -> None:
+    """The path comes from the agent's own output for an earlier step: checked when the agent
+    asks for the effect, and nothing is written."""
     _, token = issue(name="pippa", user=dad)
     client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
 
@@ -159,11 +163,18 @@ def test_an_agents_effect_call_is_checked_the_same_way(dad: User, file_root: Pat
         headers = {"Idempotency-Key": uuid.uuid4().hex}
         return client.post(path, body, content_type="application/json", headers=headers)
 
-    task = make_task(step("w", "file.write", args={"path": "ok.txt", "content": "x"}))
+    task = make_task(
+        step("where", args={"value": "x"}),
+        step("w", "file.write", args={"path": "${where.value}", "content": "y"}),
+    )
+    first = post(f"/api/tasks/{task.pk}/next", {}).json()
+    done = {"lease_token": first["lease_token"], "verdict": "done", "output": {"value": "../x"}}
+    assert post(f"/api/steps/{first['step']['id']}/commit", done).status_code == 200
     taken = post(f"/api/tasks/{task.pk}/next", {}).json()
-    args = {"path": "../../etc/x", "content": "y"}
+    assert taken["step"]["key"] == "w"
+    args = {"path": "../x", "content": "y"}
     body = {"lease_token": taken["lease_token"], "step": taken["step"]["id"], "tool": "file.write", "args": args}  # fmt: skip
     response = post("/api/effects", body)
-    assert response.status_code == 400
+    assert response.status_code == 400, response.json()
     assert response.json()["detail"] == "step 'w': args.path: outside the file root"
-    assert not (file_root.parent.parent / "etc" / "x").exists()
+    assert not (file_root.parent / "x").exists()
