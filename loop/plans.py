@@ -119,10 +119,11 @@ def load(text: bytes | str) -> Any:
     return _yaml(text)
 
 
-def load_json(raw: bytes | str, what: str = "body") -> Any:
-    """Strict JSON (an API body): UTF-8, finite numbers, bounded integers and depth."""
+def load_json(raw: bytes | str, what: str = "body", depth: int | None = None) -> Any:
+    """Strict JSON (an API body): UTF-8, finite numbers, bounded integers, nested at most
+    `depth` levels (default LOOP_PLAN_MAX_DEPTH)."""
     data = _json(decode(raw, what), what)
-    problem = check_value(data, what, limit=None)
+    problem = check_value(data, what, limit=None, depth=depth)
     if problem:
         raise PlanError([problem])
     return data
@@ -257,13 +258,18 @@ def _yaml(text: str) -> Any:
 
 
 def check_value(
-    value: Any, what: str, *, limit: int | None | Literal["plan"] = "plan", steps: bool = False
+    value: Any,
+    what: str,
+    *,
+    limit: int | None | Literal["plan"] = "plan",
+    depth: int | None = None,
+    steps: bool = False,
 ) -> str | None:
     """What is wrong with `value` as stored JSON, naming where (`what`, then the path), or
     None. `limit` bounds its expanded size (default LOOP_PLAN_MAX_BYTES); with `steps`, the
     value is a list of steps and a path into one names it by its key."""
     size_limit = max_bytes() if limit == "plan" else limit
-    deepest = max_depth()
+    deepest = depth or max_depth()
     size = 0
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:

@@ -24,8 +24,9 @@ from django.urls import reverse
 from loop import plans
 from loop.api.core import issue
 from loop.models import Step, Task
+from loop.runner import Runner
 
-from .conftest import ROOT, make_task, process_env, step
+from .conftest import ROOT, make_task, process_env, run_until_idle, step
 
 
 def alias_bomb(levels: int = 8) -> str:
@@ -342,3 +343,36 @@ def test_yaml_safe_load_would_have_expanded_the_bomb() -> None:
     """The refusal is needed: the stock safe loader builds every alias's copy."""
     expanded = yaml.safe_load(alias_bomb(levels=4))["steps"][0]["args"]["value"][-1]
     assert len(json.dumps(expanded)) > 9**4 * 3
+
+
+# ---- what the world answers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"x": NaN}', b'{"x": 1e999}', b'{"x": "a\\u0000b"}', b"[" * 200 + b"]" * 200, b"\x00\xff"],
+)
+def test_an_answer_the_database_could_not_hold_is_kept_as_text(worker: Runner, body: bytes) -> None:
+    """A JSON answer with NaN (or a NUL, or nested past 100 levels) would fail the output's
+    write, and the tick with it, on every try: it is kept as text instead."""
+    from .test_wire import canned
+
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    with canned(head % len(body) + body) as (port, _):
+        url = f"http://127.0.0.1:{port}/"
+        task = make_task(step("get", "http.get", args={"url": url}), step("post", "http.post", args={"url": url}))  # fmt: skip
+        run_until_idle(worker)
+    for done in Step.objects.filter(task=task):
+        assert done.state == "done", done.error
+        assert isinstance(done.output["body"], str) and "\x00" not in done.output["body"]
+
+
+def test_a_file_that_is_not_text_is_refused_by_file_read(worker: Runner, file_root: Path) -> None:
+    (file_root / "blob").write_bytes(b"a\x00b")
+    (file_root / "latin").write_bytes("café".encode("latin-1"))
+    blob = make_task(step("blob", "file.read", args={"path": "blob"}))
+    latin = make_task(step("latin", "file.read", args={"path": "latin"}))
+    run_until_idle(worker)
+    read = {s.key: s for s in Step.objects.filter(task__in=[blob, latin])}
+    assert read["blob"].state == "failed" and "has NUL bytes: not text" in read["blob"].error
+    assert read["latin"].state == "failed" and "is not UTF-8 text" in read["latin"].error

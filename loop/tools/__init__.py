@@ -134,6 +134,12 @@ def is_reference(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
+def storable(text: str) -> str:
+    """Text a tool read from the world, as an output can hold it: PostgreSQL's jsonb refuses
+    a NUL character, so each becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
 def fixed(value: Any) -> bool:
     """No `${...}` reference anywhere inside: the value is known at plan time."""
     if isinstance(value, dict):

@@ -41,11 +41,16 @@ def _check_path(args: dict[str, Any]) -> list[str]:
 def file_read(args: dict[str, Any]) -> dict[str, Any]:
     target = confined(args["path"])
     try:
-        return {"content": target.read_text()}
+        content = target.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{args['path']!r} is not UTF-8 text") from None
     except FileNotFoundError:
         raise ToolError(f"no file {args['path']!r}") from None
     except IsADirectoryError:
         raise ToolError(f"{args['path']!r} is a directory") from None
+    if "\x00" in content:
+        raise ToolError(f"{args['path']!r} has NUL bytes: not text")
+    return {"content": content}
 
 
 def _digest(content: str) -> str:

@@ -18,11 +18,13 @@ from typing import Any
 
 from django.conf import settings
 
+from .. import plans
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, fixed, tool, wire
+from . import Arg, ProbeResult, ToolError, TransientError, fixed, storable, tool, wire
 from .shown import Field, json_text
 
 MAX_BODY = 1_000_000
+OUTPUT_DEPTH = 100
 
 
 def _target(url: Any) -> wire.Target:
@@ -40,13 +42,14 @@ def _request(method: str, where: wire.Target, headers: dict[str, str], body: byt
 
 
 def _body(response: wire.Response) -> Any:
-    text = response.body.decode("utf-8", errors="replace")
+    """A JSON body as its value, if it holds JSON values only (no NaN, nothing nested past
+    OUTPUT_DEPTH, …) and so can be stored; else, like any other body, as text."""
     if "json" in (response.header("Content-Type") or ""):
         try:
-            return json.loads(text)
-        except ValueError:
+            return plans.load_json(response.body, "body", depth=OUTPUT_DEPTH)
+        except plans.PlanError:
             pass
-    return text
+    return storable(response.body.decode("utf-8", errors="replace"))
 
 
 def _headers(given: Any) -> dict[str, str]:

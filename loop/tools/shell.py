@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectRejected, EffectUncertainError
-from . import Arg, ToolError, fixed, tool
+from . import Arg, ToolError, fixed, storable, tool
 from .files import confined
 from .shown import Field
 
@@ -59,7 +59,7 @@ def _timeout(args: dict[str, Any]) -> float:
 
 
 def _text(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace")
+    text = storable(raw.decode("utf-8", errors="replace"))
     return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + "\n… (cut)"
 
 
