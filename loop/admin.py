@@ -22,7 +22,7 @@ from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
-from . import actions, calls, tools
+from . import actions, calls, plans, tools
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
@@ -79,6 +79,10 @@ class StepForm(forms.ModelForm):
             )
             return data
         where = f"step '{self.instance.key}'"
+        problem = plans.check_value({"args": data.get("args")}, "plan")
+        if problem:  # NaN, a NUL, too deep or too large: nothing the database should get
+            self.add_error("args", f"{where}: {problem}")
+            return data
         for error in tool.check_args(data.get("args"), where):
             self.add_error("args", error)
         if tool.side_effect and not data.get("side_effect"):

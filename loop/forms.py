@@ -10,17 +10,12 @@ from django import forms
 from . import plans
 from .actions import DECISIONS
 
-MAX_PLAN_BYTES = 512 * 1024
 
-
-def _plan_text(text: str, upload: Any) -> str:
+def _plan_text(text: str, upload: Any) -> bytes | str:
+    """The pasted text, or the uploaded file's bytes (one past the limit at most):
+    `plans.parse` decodes and bounds both."""
     if upload is not None:
-        if upload.size > MAX_PLAN_BYTES:
-            raise forms.ValidationError({"file": "the file is larger than 512 KB"})
-        try:
-            return str(upload.read().decode("utf-8"))
-        except UnicodeDecodeError:
-            raise forms.ValidationError({"file": "the file is not UTF-8 text"}) from None
+        return bytes(upload.read(plans.max_bytes() + 1))
     if not text.strip():
         raise forms.ValidationError({"plan": "paste a plan or choose a file"})
     return text

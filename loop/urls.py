@@ -1,9 +1,9 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from . import views
 from .api import agent as api_agent
 from .api import views as api
-from .api.core import route
+from .api.core import not_found, route
 from .pages import decide, home, task
 
 app_name = "loop"
@@ -32,4 +32,5 @@ urlpatterns = [
     path("api/steps/<int:step_id>/unblock", route(post=api.unblock), name="api_unblock"),
     path("api/effects", route(post=api_agent.effect), name="api_effects"),
     path("api/events", route(get=api.events), name="api_events"),
+    re_path(r"^api(?:/|$)", not_found),  # any other /api/ path: a JSON 404, not Django's HTML
 ]

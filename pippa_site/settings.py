@@ -242,6 +242,11 @@ try:
     _receivers(LOOP_IDEMPOTENT_RECEIVERS)
 except ValueError as _exc:
     raise ImproperlyConfigured(f"LOOP_IDEMPOTENT_RECEIVERS: {_exc}") from None
+# Plan input (CLI, dashboard, API, admin): bytes of the document and of the expanded plan, and
+# how deeply its values may nest (API bodies too). Larger API bodies are 413s at
+# DATA_UPLOAD_MAX_MEMORY_SIZE (Django's, 2.5 MB).
+LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024)
+LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32)
 
 LOGGING = {
     "version": 1,

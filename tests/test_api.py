@@ -106,7 +106,8 @@ def test_no_token_or_a_wrong_one_gets_401(pippa_agent: Agent) -> None:
     assert Agent("not-a-token").get("/api/tasks").status_code == 401
     bad = Client(HTTP_AUTHORIZATION=f"Basic {pippa_agent.token}").get("/api/tasks")
     assert bad.status_code == 401
-    assert bad.json() == {"error": "Authorization: a valid 'Bearer <token>' header is required"}
+    said = "Authorization: a valid 'Bearer <token>' header is required"
+    assert bad.json() == {"detail": said, "error": said}
 
 
 def test_a_browser_session_does_not_open_the_api(dad: User) -> None:
@@ -152,7 +153,8 @@ def test_a_bad_plan_is_a_400_naming_the_field_and_creates_nothing(pippa_agent: A
 
 def test_unknown_tasks_are_404_and_other_methods_405(pippa_agent: Agent) -> None:
     assert pippa_agent.get("/api/tasks/999").status_code == 404
-    assert pippa_agent.post("/api/tasks/999/pause").json() == {"error": "task: no task 999"}
+    said = "task: no task 999"
+    assert pippa_agent.post("/api/tasks/999/pause").json() == {"detail": said, "error": said}
     wrong = pippa_agent.get("/api/tasks/1/pause")
     assert wrong.status_code == 405
     assert wrong["Allow"] == "POST"

@@ -242,13 +242,16 @@ def test_an_unexpected_failure_of_a_safe_to_repeat_write_retries_without_asking(
         ("file.write", {"path": "sub/../../escaped.txt", "content": "x"}),
     ],
 )
-def test_paths_that_leave_the_file_root_are_refused(
+def test_paths_from_an_output_that_leave_the_file_root_are_refused_at_run_time(
     worker: Runner, file_root: Path, tool: str, args: dict[str, Any]
 ) -> None:
+    """A path known in the plan is refused there (test_plan_time_checks); one that an earlier
+    step's output fills in is refused when it is resolved."""
     (file_root.parent / "escaped.txt").write_text("outside")
-    task = make_task(step("escape", tool, args=args))
+    where = step("where", args={"value": args["path"]})
+    task = make_task(where, step("escape", tool, args={**args, "path": "${where.value}"}))
     run_until_idle(worker)
-    escape = only_step(task)
+    escape = Step.objects.get(task=task, key="escape")
     assert escape.state == "failed" and "outside the file root" in escape.error
     assert (file_root.parent / "escaped.txt").read_text() == "outside"
 
@@ -460,9 +463,19 @@ def test_the_loops_own_database_is_off_limits(
 ) -> None:
     own = dict(django_settings.DATABASES["default"])
     monkeypatch.setitem(django_settings.DATABASES, "sneaky", own)
+    # Named by an earlier output, the aliases pass the plan-time check and meet the run-time one.
     task = make_task(
-        step("a", "sql.execute", args={"database": "default", "sql": "DELETE FROM loop_event"}),
-        step("b", "sql.execute", args={"database": "sneaky", "sql": "DELETE FROM loop_event"}),
+        step("names", args={"value": {"own": "default", "other": "sneaky"}}),
+        step(
+            "a",
+            "sql.execute",
+            args={"database": "${names.value.own}", "sql": "DELETE FROM loop_event"},
+        ),
+        step(
+            "b",
+            "sql.execute",
+            args={"database": "${names.value.other}", "sql": "DELETE FROM loop_event"},
+        ),
     )
     run_until_idle(worker)
     a = Step.objects.get(task=task, key="a")
@@ -517,9 +530,13 @@ def test_a_nonzero_exit_is_a_result_not_an_error(worker: Runner, shell_on: Path)
 
 
 def test_shell_run_cwd_is_confined_to_the_file_root(worker: Runner, shell_on: Path) -> None:
-    task = make_task(step("sh", "shell.run", args={"argv": ["true"], "cwd": "../"}))
+    task = make_task(
+        step("up", args={"value": "../"}),
+        step("sh", "shell.run", args={"argv": ["true"], "cwd": "${up.value}"}),
+    )
     run_until_idle(worker)
-    assert only_step(task).state == "failed" and "outside the file root" in only_step(task).error
+    sh = Step.objects.get(task=task, key="sh")
+    assert sh.state == "failed" and "outside the file root" in sh.error
 
 
 def test_a_program_that_does_not_exist_is_rejected(worker: Runner, shell_on: Path) -> None:

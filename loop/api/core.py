@@ -3,8 +3,9 @@ field, and command receipts (DESIGN.md §7, §13).
 
     route(get=…, post=…)  the URL's view: 405 for other methods, CSRF-exempt (no cookies)
     @reads                a GET: the agent's token, then the view
-    @command()            a POST: the token, the Idempotency-Key, a stored answer replayed or
-                          refused (409), else the view and its receipt in one transaction
+    @command()            a POST: the token, the Idempotency-Key, the body (413 too large, 415 not
+                          JSON), a stored answer replayed or refused (409), else the view and
+                          its receipt in one transaction
 
 A browser session never authenticates the API: only `Authorization: Bearer <token>` does.
 """
@@ -21,8 +22,9 @@ from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -57,7 +59,9 @@ class ApiError(Exception):
 
 
 def error(status: int, message: str, **extra: Any) -> JsonResponse:
-    return JsonResponse({"error": message, **extra}, status=status)
+    """An error answer: `detail` names the field and the problem (`error` is the same text,
+    the name older clients read)."""
+    return JsonResponse({"detail": message, "error": message, **extra}, status=status)
 
 
 # ---- tokens ------------------------------------------------------------------------------------
@@ -109,13 +113,13 @@ class Call:
     def body(self, allowed: frozenset[str] | None = None) -> dict[str, Any]:
         """The JSON object sent (an empty body is `{}`); with `allowed`, any other field is a
         400 naming it."""
-        raw = self.request.body
+        raw = read_body(self.request)
         if not raw.strip():
             return {}
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ApiError(400, f"body: not valid JSON: {exc}") from None
+            data = plans.load_json(raw, "body")
+        except plans.PlanError as exc:
+            raise ApiError(400, str(exc)) from None
         if not isinstance(data, dict):
             raise ApiError(400, "body: must be a JSON object")
         if allowed is not None:
@@ -139,6 +143,32 @@ class Call:
         )
         self.kept = True
         return response
+
+
+def read_body(request: HttpRequest) -> bytes:
+    """The request's body: 413 beyond DATA_UPLOAD_MAX_MEMORY_SIZE, 415 unless it is JSON (an
+    empty body is fine with any Content-Type)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raw = None
+    if raw is None or (limit is not None and len(raw) > limit):
+        raise ApiError(413, f"body: larger than {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)")
+    if raw.strip():
+        kind = request.content_type or ""
+        charset = (request.content_params or {}).get("charset", "utf-8").lower()
+        if kind != "application/json":
+            raise ApiError(415, f"Content-Type: send application/json, not {kind or 'nothing'!r}")
+        if charset not in {"utf-8", "utf8"}:
+            raise ApiError(415, f"Content-Type: the body must be UTF-8, not {charset!r}")
+    return raw
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+    """Any other path under /api/: a JSON 404 (Django's own is an HTML page)."""
+    return error(404, f"path: no API endpoint {request.path} (see /api/openapi.json)")
 
 
 View = Callable[..., HttpResponse]
@@ -192,6 +222,10 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         def handle(call: Call, kwargs: dict[str, Any]) -> HttpResponse:
             request = call.request
+            try:
+                body = read_body(request)
+            except ApiError as exc:
+                return exc.response()
             key = request.headers.get(KEY_HEADER, "").strip()
             if not key:
                 return error(400, f"{KEY_HEADER}: header required on every POST (a command id)")
@@ -199,7 +233,7 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
                 return error(400, f"{KEY_HEADER}: at most 255 characters")
             call.command_id = key
             call.scope = f"{request.method} {request.path}"
-            call.body_digest = hashlib.sha256(request.body).hexdigest()
+            call.body_digest = hashlib.sha256(body).hexdigest()
             stored = _replay(call)
             if stored is not None:
                 return stored

@@ -24,12 +24,14 @@ def _id(name: str, what: str) -> dict[str, Any]:
 
 def _answers(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
     said = {
-        400: "a bad body or field: `error` names the field",
+        400: "a bad body or field, or a missing, blank or too long Idempotency-Key: `detail` names it",
         401: "no valid bearer token",
-        403: "not permitted (or a lease token not this agent's)",
+        403: "not permitted for the token's user (or a lease token not this agent's)",
         404: "no such task or step",
         405: "another method is expected",
         409: "refused in the current state, a lease that moved on, or an Idempotency-Key reused with another body or path",
+        413: "the body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB by default)",
+        415: "a non-empty body that is not `application/json` in UTF-8 (a form, multipart, text)",
         422: "the world said no (the effect failed definitively)",
         503: "not sent; try again (see `retry_after` and the Retry-After header)",
     }
@@ -55,7 +57,7 @@ def _command(
     op: dict[str, Any] = {
         "summary": summary,
         "parameters": [*(params or []), {"$ref": "#/components/parameters/IdempotencyKey"}],
-        "responses": _answers(ok, schema, 400, *errors),
+        "responses": _answers(ok, schema, *sorted({400, 403, 409, 413, 415, *errors})),
     }
     if body is not None:
         op["requestBody"] = {"required": True, "content": {JSON: {"schema": body}}}
@@ -85,7 +87,13 @@ def document() -> dict[str, Any]:
             "version": "1",
             "description": "Agents create and steer tasks, or drive them step by step "
             "(`next` … work … `commit`). Every POST carries an `Idempotency-Key`: the same key "
-            "and body again answer what the first did, and nothing is done twice.",
+            "and body again answer what the first did, and nothing is done twice. Every error "
+            'is JSON, `{"detail": ...}` naming the field (also as `error`). Bodies are JSON '
+            "objects in UTF-8 (else 415), at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes (else 413), "
+            "holding JSON values only: no NaN or Infinity, integers within ±2**63, nested at "
+            "most LOOP_PLAN_MAX_DEPTH levels (else 400). The server (daphne) answers two "
+            "requests itself: a header over 64 KB has its connection closed without an "
+            "answer, and a multipart body it cannot parse gets a bare 400.",
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -303,8 +311,11 @@ def document() -> dict[str, Any]:
                     "name": "Idempotency-Key",
                     "in": "header",
                     "required": True,
-                    "schema": {"type": "string", "maxLength": 255},
-                    "description": "the command id",
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                    "description": "the command id, required on every POST: missing, blank or "
+                    "over 255 characters is a 400. The same key with the same body on the same "
+                    "path answers the stored response again (`Idempotent-Replayed: true`); the "
+                    "same key with another body, or on another path, is a 409.",
                 },
             },
             "schemas": SCHEMAS,
@@ -319,7 +330,14 @@ def _typed(**types: str | dict[str, Any]) -> dict[str, Any]:
 
 
 SCHEMAS: dict[str, Any] = {
-    "Error": {**_typed(error="string"), "required": ["error"]},
+    "Error": {
+        **_typed(
+            detail="string",
+            error={"type": "string", "description": "the same as `detail`, for older clients"},
+            errors={"type": "array", "items": {"type": "string"}, "description": "a plan's"},
+        ),
+        "required": ["detail"],
+    },
     "Plan": {
         **_typed(title="string", steps={"type": "array", "items": _ref("PlanStep")}),
         "required": ["title", "steps"],

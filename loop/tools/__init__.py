@@ -88,6 +88,10 @@ class Tool:
         except Exception:
             return False
 
+    # (args) -> problems ("args.path: outside the file root") found without acting, once the
+    # args fit the schema; a field holding a `${...}` reference is left for run time.
+    check: Callable[[dict[str, Any]], list[str]] | None = None
+
     def check_args(self, args: Any, where: str) -> list[str]:
         """Errors naming `where` and the argument; empty when the args fit the schema."""
         if not isinstance(args, dict):
@@ -109,6 +113,8 @@ class Tool:
         for name in args:
             if name not in self.args:
                 errors.append(f"{where}: tool '{self.name}' takes no argument '{name}'")
+        if not errors and self.check is not None:
+            errors.extend(f"{where}: {problem}" for problem in self.check(args))
         return errors
 
     def summary(self, args: dict[str, Any]) -> tuple[str, str]:
@@ -142,6 +148,21 @@ def _short(value: Any, limit: int = 200) -> str:
 
 def is_reference(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
+
+
+def storable(text: str) -> str:
+    """Text a tool read from the world, as an output can hold it: PostgreSQL's jsonb refuses
+    a NUL character, so each becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
+def fixed(value: Any) -> bool:
+    """No `${...}` reference anywhere inside: the value is known at plan time."""
+    if isinstance(value, dict):
+        return all(fixed(v) for v in value.values())
+    if isinstance(value, list):
+        return all(fixed(v) for v in value)
+    return not is_reference(value)
 
 
 @dataclass(frozen=True)
@@ -200,6 +221,7 @@ def tool(
     disabled: Callable[[], str | None] | None = None,
     start: Callable[[dict[str, Any], str], Callable[[], dict[str, Any]]] | None = None,
     dedupes: Callable[[dict[str, Any]], bool] | None = None,
+    check: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a function as a tool.
 
@@ -222,6 +244,7 @@ def tool(
                 disabled=disabled or (lambda: None),
                 start=start,
                 dedupes=dedupes,
+                check=check,
             )
         )
         return func

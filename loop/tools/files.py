@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectNotSent, EffectRejected
-from . import Arg, ProbeResult, ToolError, tool
+from . import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field
 
 
@@ -25,15 +25,32 @@ def confined(path: str) -> Path:
     return candidate
 
 
-@tool("file.read", args={"path": Arg("string")})
+def _check_path(args: dict[str, Any]) -> list[str]:
+    if not fixed(args["path"]):
+        return []
+    try:
+        target = confined(args["path"])
+    except (ToolError, ValueError):
+        return ["args.path: outside the file root"]
+    if target == Path(settings.LOOP_FILE_ROOT).resolve():
+        return ["args.path: names the file root itself, not a file"]
+    return []
+
+
+@tool("file.read", args={"path": Arg("string")}, check=_check_path)
 def file_read(args: dict[str, Any]) -> dict[str, Any]:
     target = confined(args["path"])
     try:
-        return {"content": target.read_text()}
+        content = target.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{args['path']!r} is not UTF-8 text") from None
     except FileNotFoundError:
         raise ToolError(f"no file {args['path']!r}") from None
     except IsADirectoryError:
         raise ToolError(f"{args['path']!r} is a directory") from None
+    if "\x00" in content:
+        raise ToolError(f"{args['path']!r} has NUL bytes: not text")
+    return {"content": content}
 
 
 def _digest(content: str) -> str:
@@ -74,6 +91,7 @@ def _probe_write(args: dict[str, Any], effect_id: str) -> ProbeResult:
     describe=_describe_write,
     show=_show_write,
     probe=_probe_write,
+    check=_check_path,
 )
 def file_write(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     """Write-and-rename with fsync of the file and its folder: all of it or none of it.

@@ -21,11 +21,13 @@ from typing import Any
 
 from django.conf import settings
 
+from .. import plans
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, receivers, tool, wire
+from . import Arg, ProbeResult, ToolError, TransientError, fixed, receivers, storable, tool, wire
 from .shown import Field, json_text
 
 MAX_BODY = 1_000_000
+OUTPUT_DEPTH = 100
 
 
 def _target(url: Any) -> wire.Target:
@@ -43,20 +45,46 @@ def _request(method: str, where: wire.Target, headers: dict[str, str], body: byt
 
 
 def _body(response: wire.Response) -> Any:
-    text = response.body.decode("utf-8", errors="replace")
+    """A JSON body as its value, if it holds JSON values only (no NaN, nothing nested past
+    OUTPUT_DEPTH, …) and so can be stored; else, like any other body, as text."""
     if "json" in (response.header("Content-Type") or ""):
         try:
-            return json.loads(text)
-        except ValueError:
+            return plans.load_json(response.body, "body", depth=OUTPUT_DEPTH)
+        except plans.PlanError:
             pass
-    return text
+    return storable(response.body.decode("utf-8", errors="replace"))
 
 
 def _headers(given: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in (given or {}).items()}
 
 
-@tool("http.get", args={"url": Arg("string"), "headers": Arg("object", required=False)})
+def _check(args: dict[str, Any]) -> list[str]:
+    """The URL and the headers, as far as they are known at plan time."""
+    problems = []
+    if fixed(args["url"]):
+        try:
+            wire.target(args["url"])
+        except ValueError as exc:
+            problems.append("args.url: " + str(exc).removeprefix("'url' "))
+    headers = args.get("headers")
+    for name, value in headers.items() if isinstance(headers, dict) else []:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            problems.append(f"args.headers: header {name!r} must be a string")
+            continue
+        problem = wire.header_problem(name, str(value) if fixed(value) else None)
+        if problem:
+            problems.append(f"args.headers: {problem}")
+    if "json" in args and "body" in args:
+        problems.append("args: give 'json' or 'body', not both")
+    return problems
+
+
+@tool(
+    "http.get",
+    args={"url": Arg("string"), "headers": Arg("object", required=False)},
+    check=_check,
+)
 def http_get(args: dict[str, Any]) -> dict[str, Any]:
     where = _target(args["url"])
     request = _request("GET", where, _headers(args.get("headers")), b"")
@@ -241,6 +269,7 @@ def _writer(method: str) -> None:
         probe=_probe,
         start=start,
         dedupes=honours_key,
+        check=_check,
     )(run)
 
 

@@ -6,6 +6,7 @@ can tell a repeat from a new message.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import re
 import smtplib
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
+from django.core.validators import validate_email
 
 from ..effects import EffectNotSent, EffectRejected
-from . import Arg, ProbeResult, tool
+from . import Arg, ProbeResult, fixed, tool
 from .shown import Field
 
 
@@ -63,6 +66,33 @@ def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
     return ProbeResult(False, f"no message with that Message-ID under {folder}")
 
 
+def _address_problem(text: str) -> str | None:
+    _, address = email.utils.parseaddr(text)
+    try:
+        validate_email(address)
+    except ValidationError:
+        return f"{text[:80]!r} is not an email address"
+    return "has a line break" if any(c in text for c in "\r\n") else None
+
+
+def _check(args: dict[str, Any]) -> list[str]:
+    problems = []
+    if args["to"] == []:
+        problems.append("args.to: must name at least one recipient")
+    for field in ("to", "cc"):
+        for index, item in enumerate(args.get(field) or []):
+            problem = _address_problem(item) if fixed(item) else None
+            if problem:
+                problems.append(f"args.{field}[{index}]: {problem}")
+    sender = args.get("from")
+    problem = _address_problem(sender) if sender and fixed(sender) else None
+    if problem:
+        problems.append(f"args.from: {problem}")
+    if fixed(args["subject"]) and any(c in args["subject"] for c in "\r\n"):
+        problems.append("args.subject: has a line break")
+    return problems
+
+
 @tool(
     "email.send",
     args={
@@ -76,6 +106,7 @@ def _probe(args: dict[str, Any], effect_id: str) -> ProbeResult:
     describe=_describe,
     show=_show,
     probe=_probe,
+    check=_check,
 )
 def email_send(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     if not args["to"]:

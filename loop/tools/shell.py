@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from ..effects import EffectRejected, EffectUncertainError
-from . import Arg, ToolError, tool
+from . import Arg, ToolError, fixed, storable, tool
 from .files import confined
 from .shown import Field
 
@@ -59,8 +59,25 @@ def _timeout(args: dict[str, Any]) -> float:
 
 
 def _text(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace")
+    text = storable(raw.decode("utf-8", errors="replace"))
     return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + "\n… (cut)"
+
+
+def _check(args: dict[str, Any]) -> list[str]:
+    problems = []
+    if args["argv"] == []:
+        problems.append("args.argv: must name a program")
+    if fixed(args.get("cwd", ".")):
+        try:
+            confined(args.get("cwd", "."))
+        except (ToolError, ValueError):
+            problems.append("args.cwd: outside the file root")
+    if fixed(args.get("timeout")):
+        try:
+            _timeout(args)
+        except ToolError as exc:
+            problems.append("args.timeout: " + str(exc).removeprefix("'timeout' "))
+    return problems
 
 
 @tool(
@@ -74,6 +91,7 @@ def _text(raw: bytes) -> str:
     describe=_describe,
     show=_show,
     disabled=_disabled,
+    check=_check,
 )
 def shell_run(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     if reason := _disabled():  # checked again at the moment it would run

@@ -42,7 +42,7 @@ from django.db.utils import load_backend
 from django.utils import timezone
 
 from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, tool
+from . import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field, json_text
 
 log = logging.getLogger("loop.tools.sql")
@@ -137,6 +137,23 @@ def _show(args: dict[str, Any]) -> list[Field]:
     return fields
 
 
+def _check(args: dict[str, Any]) -> list[str]:
+    problems = []
+    if fixed(args.get("database")):
+        try:
+            _alias(args)
+        except ToolError as exc:
+            problems.append("args.database: " + str(exc).removeprefix("'database': "))
+    if fixed(args["sql"]) and not args["sql"].strip():
+        problems.append("args.sql: empty")
+    if fixed(args.get("params")):
+        try:
+            _params(args)
+        except ToolError as exc:
+            problems.append("args.params: " + str(exc).removeprefix("'params' "))
+    return problems
+
+
 @tool(
     "sql.execute",
     args={
@@ -149,6 +166,7 @@ def _show(args: dict[str, Any]) -> list[Field]:
     show=lambda args: _show(args),
     probe=lambda args, effect_id: _probe(args, effect_id),
     dedupes=lambda args: True,  # the target's pippa_effects answers a repeat
+    check=_check,
 )
 def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     alias = _alias(args)

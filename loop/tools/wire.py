@@ -77,12 +77,9 @@ def request_bytes(method: str, where: Target, headers: dict[str, str], body: byt
     if "accept-encoding" not in given:
         lines.append("Accept-Encoding: identity")
     for name, value in headers.items():
-        if not _TOKEN.match(name):
-            raise ValueError(f"header name {name!r} is not a valid HTTP header name")
-        if any(c in value for c in "\r\n\0"):
-            raise ValueError(f"header {name!r} has a line break or NUL in its value")
-        if name.lower() in OWN_HEADERS:
-            raise ValueError(f"header {name!r} is set by the tool, not by the plan")
+        problem = header_problem(name, value)
+        if problem:
+            raise ValueError(problem)
         lines.append(f"{name}: {value}")
     if body or method in {"POST", "PUT", "PATCH"}:
         lines.append(f"Content-Length: {len(body)}")
@@ -92,6 +89,18 @@ def request_bytes(method: str, where: Target, headers: dict[str, str], body: byt
     except UnicodeEncodeError as exc:
         raise ValueError(f"a header is not latin-1 text: {exc}") from None
     return head + body
+
+
+def header_problem(name: str, value: str | None) -> str | None:
+    """Why this header cannot go out as given (naming it), or None; a value of None is not
+    known yet and only the name is checked."""
+    if not _TOKEN.match(name):
+        return f"header name {name!r} is not a valid HTTP header name"
+    if name.lower() in OWN_HEADERS:
+        return f"header {name!r} is set by the tool, not by the plan"
+    if value is not None and any(c in value for c in "\r\n\0"):
+        return f"header {name!r} has a line break or NUL in its value"
+    return None
 
 
 @cache

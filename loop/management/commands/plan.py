@@ -18,12 +18,18 @@ class Command(LoopCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["file"]
+        # Bytes, one past the limit at most: plans.parse decodes (UTF-8) and refuses the rest.
+        enough = plans.max_bytes() + 1
         try:
-            text = self.stdin.read() if name == "-" else Path(name).read_text()
+            if name == "-":
+                raw = self.stdin.buffer.read(enough)
+            else:
+                with Path(name).open("rb") as handle:
+                    raw = handle.read(enough)
         except OSError as exc:
             raise CommandError(f"{name}: {exc.strerror}") from None
         try:
-            spec = plans.parse(text)
+            spec = plans.parse(raw)
         except plans.PlanError as exc:
             raise CommandError("invalid plan:\n  " + "\n  ".join(exc.errors)) from None
         task = actions.create_task(plan=spec, actor=f"cli:{getpass.getuser()}")
