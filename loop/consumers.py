@@ -1,5 +1,9 @@
 """The live page's WebSocket: thin. Join the page's group, replay what the page missed, then
-forward the tailer's rendered partials, dropping event ids this connection already sent."""
+forward the tailer's rendered partials, dropping event ids this connection already sent.
+
+A refusal is sent after accepting, as a close code the page can read (4401 not logged in, 4404
+no such topic or task): a close before the accept reaches the browser as a failed handshake
+(1006), which it cannot tell from a network error and would retry forever."""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from . import live
+from .models import Task
 
 UNAUTHENTICATED = 4401
-FORBIDDEN = 4403
+FORBIDDEN = 4403  # reserved for topics a logged-in user may not read (none yet); live.js knows it
 NOT_FOUND = 4404
 
 
@@ -24,7 +29,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=UNAUTHENTICATED)
+            await self.refuse(UNAUTHENTICATED)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         can_act = await database_sync_to_async(user.has_perm)("loop.confirm_step")
@@ -34,7 +39,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         # after a higher one, so the replay re-reads a window below `after`; these are dropped.
         seen_raw = [i for i in query.get("seen", [""])[0].split(",") if i][: live.SEEN_LIMIT]
         if topic is None or not all(i.isdigit() for i in [after_raw or "0", *seen_raw]):
-            await self.close(code=NOT_FOUND)
+            await self.refuse(NOT_FOUND)
+            return
+        if topic.task_id is not None and not await database_sync_to_async(task_exists)(
+            topic.task_id
+        ):
+            await self.refuse(NOT_FOUND)
             return
         self.seen = live.SeenIds(await database_sync_to_async(live.trailing_window)())
         self.seen.add(int(i) for i in seen_raw)
@@ -49,6 +59,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if after_raw:
             message = await database_sync_to_async(live.replay)(topic, int(after_raw))
             await self.forward(message)
+
+    async def refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
         if self.topic is None:
@@ -73,3 +87,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if "count" in message:
             out["count"] = message["count"]
         await self.send_json(out)
+
+
+def task_exists(task_id: int) -> bool:
+    return Task.objects.filter(pk=task_id).exists()

@@ -78,11 +78,40 @@ def new_ids(after: int, task_id: int) -> set[int]:
     return set(Event.objects.filter(id__gt=after, task_id=task_id).values_list("id", flat=True))
 
 
-def test_anonymous_is_rejected(transactional_db: None) -> None:
+async def refused_with(communicator: WebsocketCommunicator) -> int:
+    """The close code of a refusal. The handshake is accepted first, so a browser sees the
+    code; a close before the accept reaches it as a failed handshake (1006) instead."""
+    connected, _ = await communicator.connect()
+    assert connected, "a refusal must follow an accepted handshake"
+    closing = await communicator.receive_output(timeout=5)
+    assert closing["type"] == "websocket.close", closing
+    return int(closing["code"])
+
+
+def test_anonymous_is_refused_with_4401_after_the_handshake(transactional_db: None) -> None:
     async def scenario() -> None:
         communicator = WebsocketCommunicator(application, "/ws/live?topic=home&after=0", ORIGIN)
-        connected, code = await communicator.connect()
-        assert not connected and code == 4401
+        assert await refused_with(communicator) == 4401
+
+    run(scenario)
+
+
+def test_a_topic_for_a_task_that_does_not_exist_is_refused_with_4404(
+    transactional_db: None, guest: User
+) -> None:
+    task = make_task(step("a"))
+    missing = task.pk + 1000
+
+    async def scenario() -> None:
+        for query in (f"topic=task-{missing}&after=0", "topic=nonsense", "topic=home&after=x"):
+            communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), f"/ws/live?{query}")
+            communicator.scope["user"] = guest
+            assert await refused_with(communicator) == 4404, query
+        # The task that does exist is followed.
+        followed = await connect_as(guest, f"topic=task-{task.pk}&after=0")
+        assert (await followed.receive_json_from(timeout=5))["swaps"]
+        await followed.disconnect()
+        await live.tailer().stop()
 
     run(scenario)
 

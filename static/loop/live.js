@@ -9,7 +9,29 @@
   const state = (window.pippaLive = { last: Number(body.dataset.lastEvent || 0), messages: 0,
     recent: (body.dataset.seenEvents || "").split(",").filter(Boolean).map(Number) });
   const WINDOW = 256; // ids below `last` that may still commit late (PostgreSQL)
+  // The server's refusals (loop/consumers.py): the page says why and stops reconnecting.
+  const REFUSED = {
+    4401: { text: "Signed out — log in again to see live updates.", link: "Log in" },
+    4403: { text: "You may no longer follow this page — ask for access.", link: "" },
+    4404: { text: "This page's task does not exist (any more).", link: "Home" },
+  };
   let delay = 250;
+
+  function refused(code) {
+    const why = REFUSED[code];
+    const box = document.getElementById("live-refused");
+    state.refused = code;
+    body.dataset.live = "refused";
+    if (!box) return;
+    box.textContent = why.text + " ";
+    if (why.link) {
+      const a = document.createElement("a");
+      a.textContent = why.link;
+      a.href = code === 4401 ? "/accounts/login/?next=" + encodeURIComponent(location.pathname) : "/";
+      box.appendChild(a);
+    }
+    box.hidden = false;
+  }
 
   function fragment(html) {
     const tpl = document.createElement("template");
@@ -73,9 +95,10 @@
     ws.onmessage = function (event) {
       apply(JSON.parse(event.data));
     };
+    state.attempts = (state.attempts || 0) + 1;
     ws.onclose = function (event) {
       body.dataset.live = "closed";
-      if (event.code === 4401 || event.code === 4403 || event.code === 4404) return;
+      if (REFUSED[event.code]) return refused(event.code);
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 10000);
     };
