@@ -11,6 +11,7 @@ from loop import actions, plans
 from loop.management.base import LoopCommand
 from loop.models import Task
 
+ADMIN = "dad"
 DEMO_PLAN = """
 title: Demo - say hello to the family
 steps:
@@ -31,20 +32,28 @@ steps:
 
 
 class Command(LoopCommand):
-    help = "First run: an admin user (login printed) and a demo task. Safe to run again."
+    help = (
+        "First run: an admin user `dad` (its password printed once, when it is made) and a demo "
+        "task. Safe to run again."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        login_file = Path(settings.DATA_DIR) / "admin-login.txt"
         User = get_user_model()
-        if not User.objects.filter(username="dad").exists():
+        password = ""
+        if not User.objects.filter(username=ADMIN).exists():
             password = secrets.token_urlsafe(12)
-            User.objects.create_superuser("dad", "dad@localhost", password)
-            login_file.write_text(f"dad {password}\n")
-            login_file.chmod(0o600)
+            User.objects.create_superuser(ADMIN, f"{ADMIN}@localhost", password)
         if not Task.objects.exists():
             actions.create_task(plan=plans.parse(DEMO_PLAN), actor="bootstrap")
-        if login_file.exists():
-            user, password = login_file.read_text().split()
-            self.stdout.write(f"Log in as: {user} / password: {password}")
+        # Earlier versions kept the first password in plaintext here; it is shown no more.
+        old_file = Path(settings.DATA_DIR) / "admin-login.txt"
+        if old_file.exists():
+            old_file.unlink()
+            self.stdout.write(f"Deleted {old_file} (a password kept in plaintext).")
+        if password:
+            self.stdout.write(f"Log in as: {ADMIN} / password: {password}  (shown once: note it)")
         else:
-            self.stdout.write("Log in as: dad (password set earlier; see manage.py changepassword)")
+            self.stdout.write(
+                f"Log in as: {ADMIN} (the user exists; to set a new password: "
+                f".venv/bin/python manage.py changepassword {ADMIN})"
+            )
