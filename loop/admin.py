@@ -24,8 +24,10 @@ from django.http import HttpRequest
 
 from . import actions, calls, plans, tools
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
+from .pages.login import AdminLoginForm
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
+admin.site.login_form = AdminLoginForm  # the admin's login is throttled like ours
 WHY_READ_ONLY = {
     StepState.RUNNING: "running: the loop is working on it",
     StepState.BLOCKED: "blocked: it waits for an answer to its question",

@@ -301,6 +301,7 @@ class AgentToken(models.Model):
     prefix = models.CharField(max_length=8)  # the token's first characters, to tell them apart
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
     revoked = models.BooleanField(default=False)
 
     class Meta:

@@ -156,6 +156,26 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Counts of failed logins and wrong agent tokens (loop/throttle.py): in Redis when REDIS_URL is
+# set, so every server process shares them; otherwise in the server process's memory (the
+# embedded default runs one daphne). The default cache is untouched.
+CACHES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "pippa-throttle",
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "throttle"}
+    ),
+}
+PIPPA_THROTTLE_SECONDS = env_int("PIPPA_THROTTLE_SECONDS", 15 * 60)
+PIPPA_LOGIN_LIMIT = env_int("PIPPA_LOGIN_LIMIT", 5)  # per (username, client address)
+PIPPA_LOGIN_IP_LIMIT = env_int("PIPPA_LOGIN_IP_LIMIT", 20)  # per client address
+PIPPA_TOKEN_IP_LIMIT = env_int("PIPPA_TOKEN_IP_LIMIT", 20)  # wrong agent tokens per address
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

@@ -171,3 +171,20 @@ def _no_stray_database_sessions(django_db_setup: None, django_db_blocker: Any) -
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttles() -> None:
+    """Each test counts failed logins and wrong agent tokens from zero (loop/throttle.py)."""
+    from django.core.cache import caches
+
+    if settings.REDIS_URL:  # only the throttle's keys: the channel layer shares the database
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter(match="pippa-throttle:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    else:
+        caches["throttle"].clear()

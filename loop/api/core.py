@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any
 
@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import actions, plans
+from .. import actions, plans, throttle
 from ..lease import LeaseLost
 from ..models import AgentToken, Receipt, Step, Task
 from ..states import IllegalTransition
@@ -71,26 +71,72 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue(*, name: str, user: User) -> tuple[AgentToken, str]:
-    """A new token for the agent `name`, acting as `user`. The token is returned once; only
-    its digest is stored."""
+def issue(*, name: str, user: User, expires_at: datetime | None = None) -> tuple[AgentToken, str]:
+    """A new token for the agent `name`, acting as `user` until `expires_at` (None: until
+    revoked). The token is returned once; only its digest is stored."""
     token = secrets.token_urlsafe(32)
-    agent = AgentToken.objects.create(name=name, user=user, digest=digest(token), prefix=token[:8])
+    agent = AgentToken.objects.create(
+        name=name, user=user, digest=digest(token), prefix=token[:8], expires_at=expires_at
+    )
     return agent, token
 
 
-def authenticate(request: HttpRequest) -> AgentToken | None:
+@dataclass(frozen=True)
+class NoAgent:
+    """Why a request has no agent: the answer it gets (401, or 429 while its address is
+    throttled for wrong tokens)."""
+
+    status: int
+    message: str
+    retry_after: int = 0
+    expired: bool = False
+
+    def response(self) -> JsonResponse:
+        if self.status == 429:
+            response = error(429, self.message, retry_after=self.retry_after)
+            response["Retry-After"] = str(self.retry_after)
+            return response
+        response = error(401, self.message)
+        challenge = 'Bearer realm="pippa-loop"'
+        if self.expired:
+            challenge += ', error="invalid_token", error_description="the token expired"'
+        response["WWW-Authenticate"] = challenge
+        return response
+
+
+NEEDS_BEARER = "Authorization: a valid 'Bearer <token>' header is required"
+
+
+def authenticate(request: HttpRequest) -> AgentToken | NoAgent:
+    """The agent whose token the request carries. A wrong token counts against the client's
+    address (loop/throttle.py); while the address is over its limit, every token is refused,
+    the right one too. An expired or revoked token is the real one: it is not counted."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        return None
-    agent = (
-        AgentToken.objects.select_related("user")
-        .filter(digest=digest(token.strip()), revoked=False)
-        .first()
-    )
-    if agent is None or not agent.user.is_active:
-        return None
+        return NoAgent(401, NEEDS_BEARER)
+    limits = throttle.token_limits(request)
+    seconds = throttle.wait(limits)
+    if seconds:
+        return NoAgent(
+            429,
+            "Authorization: too many wrong tokens from this address; "
+            f"try again in {throttle.in_words(seconds)}",
+            retry_after=seconds,
+        )
+    agent = AgentToken.objects.select_related("user").filter(digest=digest(token.strip())).first()
+    if agent is None:
+        throttle.failed(limits)
+        return NoAgent(401, NEEDS_BEARER)
+    if agent.revoked or not agent.user.is_active:
+        return NoAgent(401, NEEDS_BEARER)
     now = timezone.now()
+    if agent.expires_at is not None and agent.expires_at <= now:
+        return NoAgent(
+            401,
+            f"Authorization: the token of agent '{agent.name}' expired at "
+            f"{agent.expires_at.isoformat()}; ask for a new one",
+            expired=True,
+        )
     if agent.last_used_at is None or agent.last_used_at < now - TOUCH_EVERY:
         AgentToken.objects.filter(pk=agent.pk).update(last_used_at=now)
     return agent
@@ -195,15 +241,14 @@ Handler = Callable[[Call, dict[str, Any]], HttpResponse]
 
 
 def _authenticated(view: View, handle: Handler) -> View:
-    """`view` as served: the agent's token checked (401 without one), then `handle`d."""
+    """`view` as served: the agent's token checked (401 without one, 429 while throttled),
+    then `handle`d."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         agent = authenticate(request)
-        if agent is None:
-            response = error(401, "Authorization: a valid 'Bearer <token>' header is required")
-            response["WWW-Authenticate"] = 'Bearer realm="pippa-loop"'
-            return response
+        if isinstance(agent, NoAgent):
+            return agent.response()
         return handle(Call(request=request, agent=agent), kwargs)
 
     return wrapper

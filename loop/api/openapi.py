@@ -33,12 +33,13 @@ def _answers(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
         413: "the body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB by default)",
         415: "a non-empty body that is not `application/json` in UTF-8 (a form, multipart, text)",
         422: "the world said no (the effect failed definitively)",
+        429: "too many wrong tokens from this address: wait `retry_after` seconds (Retry-After)",
         503: "not sent; try again (see `retry_after` and the Retry-After header)",
     }
     responses: dict[str, Any] = {
         str(ok): {"description": "OK", "content": {JSON: {"schema": schema}}}
     }
-    for status in (401, *errors):
+    for status in (401, 429, *errors):
         responses[str(status)] = {
             "description": said[status],
             "content": {JSON: {"schema": _ref("Error")}},

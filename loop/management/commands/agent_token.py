@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
+from django.utils import timezone
 
 from loop.api.core import issue
 from loop.management.base import LoopCommand
@@ -18,9 +21,17 @@ class Command(LoopCommand):
         action = parser.add_mutually_exclusive_group(required=True)
         action.add_argument("--user", help="the user whose permissions the agent acts with")
         action.add_argument("--revoke", action="store_true", help="revoke NAME's live token")
+        parser.add_argument(
+            "--expires-in",
+            type=days,
+            metavar="DAYS",
+            help="the token stops working after this many days (default: only when revoked)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
+        if options["revoke"] and options["expires_in"] is not None:
+            raise CommandError("--expires-in: only for a new token (with --user)")
         if options["revoke"]:
             if not AgentToken.objects.filter(name=name, revoked=False).update(revoked=True):
                 raise CommandError(f"name: no live token named '{name}'")
@@ -31,5 +42,19 @@ class Command(LoopCommand):
             raise CommandError(f"--user: no user '{options['user']}'")
         if AgentToken.objects.filter(name=name, revoked=False).exists():
             raise CommandError(f"name: agent '{name}' already has a live token (--revoke it first)")
-        _, token = issue(name=name, user=user)
+        expires_in = options["expires_in"]
+        expires_at = timezone.now() + expires_in if expires_in is not None else None
+        _, token = issue(name=name, user=user, expires_at=expires_at)
         self.stdout.write(token)
+        if expires_at is not None:
+            self.stderr.write(f"it expires at {expires_at.isoformat()}")
+
+
+def days(raw: str) -> timedelta:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ArgumentTypeError(f"must be a number of days, not {raw!r}") from None
+    if not 0 < value <= 36500:
+        raise ArgumentTypeError(f"must be more than 0 days (and at most 36500), not {raw}")
+    return timedelta(days=value)
