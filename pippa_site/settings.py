@@ -13,6 +13,8 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from .private import UMASK, make_private
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -45,6 +47,7 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 DATA_DIR = Path(os.environ.get("PIPPA_DATA_DIR", BASE_DIR / "var"))
+os.umask(UMASK)  # before anything is written: every file this process makes is owner-only
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
@@ -142,6 +145,16 @@ for _pair in env_list("LOOP_SQL_DATABASES", []):
     if not _url:
         raise ImproperlyConfigured(f"LOOP_SQL_DATABASES entry {_pair!r} must be name=url")
     DATABASES[_name.strip()] = dict(dj_database_url.parse(_url.strip()))
+
+# DATA_DIR 0700, the SQLite files (and their -wal, -shm) 0600, including older ones.
+make_private(
+    DATA_DIR,
+    [
+        Path(str(db["NAME"]))
+        for db in DATABASES.values()
+        if db["ENGINE"] == "django.db.backends.sqlite3" and str(db["NAME"]) != ":memory:"
+    ],
+)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
