@@ -82,6 +82,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "pippa_site.csp.content_security_policy",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -213,6 +214,22 @@ STORAGES = {
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
+# Every page's Content-Security-Policy (pippa_site/csp.py); set, it replaces the default whole.
+CONTENT_SECURITY_POLICY = os.environ.get("CONTENT_SECURITY_POLICY", "")
+
+# Served over TLS (README "TLS"). All off by default: bin/up serves plain http on localhost,
+# where a Secure cookie would never be sent back and HSTS would pin the browser to https.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes may speak plain http inside the network
+# Behind a TLS-terminating proxy: the header it sets to "https" (e.g. X-Forwarded-Proto). Only
+# when the proxy always sets it (and strips a client's own), or anyone can claim https.
+_proxy_header = os.environ.get("SECURE_PROXY_SSL_HEADER", "")
+if _proxy_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https")
 
 # Email: SMTP when EMAIL_HOST is set, otherwise files under var/mail (never silently dropped).
 if os.environ.get("EMAIL_HOST"):

@@ -173,9 +173,15 @@ def log_in(browser: Any, site: str, username: str, password: str) -> Any:
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
     page.wait_for_url(site + "/")
-    page.wait_for_function("document.body.dataset.live === 'open'")
+    live_open(page)
     page.evaluate("window.__noReload = true")
     return page
+
+
+def live_open(page: Any) -> None:
+    """The page's live socket is open. (A selector, not wait_for_function: that evaluates a
+    string, which the Content-Security-Policy forbids, as it should.)"""
+    page.locator("body[data-live='open']").wait_for(state="attached")
 
 
 def still_same_page(page: Any) -> bool:
@@ -287,7 +293,7 @@ def test_deny_fails_the_step_and_pauses_the_task(
     task = make_task(pay_step(receiver.url, confirm_before=True), step("after"), title="Maybe pay")
     pay = task.steps.get(key="pay")
     page.goto(f"{site}/tasks/{task.pk}")
-    page.wait_for_function("document.body.dataset.live === 'open'")
+    live_open(page)
     page.evaluate("window.__noReload = true")
     card = page.locator(f"#step-{pay.pk}")
     expect(card).to_contain_text("May I do this?")
@@ -388,3 +394,61 @@ def test_may_i_shows_each_request_whole_and_a_long_body_expands_in_place(
     fold.get_by_text("Show less").click()
     expect(full).to_be_hidden()
     assert still_same_page(page)
+
+
+def test_the_pages_keep_to_the_content_security_policy(
+    site: str, runloop: Any, browser: Any, dad_user: User
+) -> None:
+    """No inline script or style is blocked on any page, and the live socket still opens."""
+    from playwright.sync_api import expect
+
+    page = log_in(browser, site, "dad", "dad-password-1")
+    blocked: list[str] = []
+    page.on(
+        "console",
+        lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    done = make_task(step("a"), title="Finished")
+    wait_for(lambda: Task.objects.get(pk=done.pk).state == "done", timeout=30)
+    slow = make_task(step("a"), step("nap", "sleep", args={"seconds": 30}), title="Napping")
+    page.reload()
+    live_open(page)
+    row = page.locator(f"#task-row-{slow.pk}")
+    expect(row).to_contain_text("1 of 2 steps done")
+    bar = row.locator("svg.progress rect.fill")
+    expect(bar).to_have_attribute("width", "50")
+    box = bar.bounding_box()
+    track = row.locator("svg.progress").bounding_box()
+    assert box and track and abs(box["width"] - track["width"] / 2) < 2  # drawn half full
+    for path in (f"/tasks/{done.pk}", "/tasks/new", "/admin/"):
+        page.goto(site + path)
+        if path.startswith("/tasks/") and path[7:].isdigit():
+            live_open(page)  # the pages with a live socket: home and a task's
+    expect(page.locator("#content")).to_contain_text("Site administration")
+    assert blocked == []
+
+
+def test_a_signed_out_page_says_so_and_stops_reconnecting(
+    site: str, browser: Any, guest_user: User
+) -> None:
+    from playwright.sync_api import expect
+
+    page = log_in(browser, site, "guest", "guest-password-1")
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    # Signed out elsewhere in the same browser (its cookies); this page's socket is still open.
+    token = page.evaluate("JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRFToken']")
+    out = page.request.post(f"{site}/accounts/logout/", headers={"X-CSRFToken": token})
+    assert out.ok and "/accounts/login/" in out.url
+    expect(page.locator("#live-refused")).to_be_hidden()
+    page.evaluate("window.pippaLive.socket.close()")  # as a server restart or a network blip
+    banner = page.locator("#live-refused")
+    expect(banner).to_contain_text("Signed out — log in again")
+    expect(banner.get_by_role("link", name="Log in")).to_have_attribute(
+        "href", "/accounts/login/?next=%2F"
+    )
+    assert page.evaluate("document.body.dataset.live") == "refused"
+    page.wait_for_timeout(3000)  # a reconnecting page would have tried ~4 more times by now
+    assert len(sockets) == 1  # the one reconnect, refused with 4401; no more
+    assert page.evaluate("window.pippaLive.attempts") == 2  # the first socket and that one
+    shot(page, "signed-out-banner.png")
