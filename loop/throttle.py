@@ -63,27 +63,36 @@ def _cache() -> Any:
 def wait(limits: list[Limit]) -> int:
     """Seconds until an attempt under `limits` is allowed again; 0: allowed now."""
     cache = _cache()
+    now = time.time()
     longest = 0
     for limit in limits:
         if (cache.get(f"{limit.key}:n") or 0) < limit.limit:
             continue
         until = cache.get(f"{limit.key}:until")
-        if until is not None:
-            longest = max(longest, math.ceil(until - time.time()), 1)
+        if until is not None and until > now:
+            longest = max(longest, math.ceil(until - now))
     return longest
 
 
 def failed(limits: list[Limit]) -> None:
-    """Count one failure under each of `limits` (atomically on Redis: INCR)."""
+    """Count one failure under each of `limits`. The count is an INCR (atomic on Redis); the
+    window's end is kept as a time beside it, so a window ends when that time passes even if
+    the cache keeps its keys a little longer."""
     cache = _cache()
     window = settings.PIPPA_THROTTLE_SECONDS
+    now = time.time()
     for limit in limits:
-        cache.add(f"{limit.key}:until", time.time() + window, window)
-        cache.add(f"{limit.key}:n", 0, window)
+        count, until = f"{limit.key}:n", f"{limit.key}:until"
+        if cache.add(until, now + window, window):
+            cache.set(count, 0, window)  # a new window
+        else:
+            ends = cache.get(until)
+            if ends is None or ends <= now:
+                cache.set_many({until: now + window, count: 0}, window)
         try:
-            cache.incr(f"{limit.key}:n")
-        except ValueError:  # the window ended between the add and the incr
-            cache.set(f"{limit.key}:n", 1, window)
+            cache.incr(count)
+        except ValueError:  # the key expired between the set and the incr
+            cache.set(count, 1, window)
 
 
 def forget(limits: list[Limit]) -> None:
