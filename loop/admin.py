@@ -263,6 +263,6 @@ class AgentTokenAdmin(ReadOnlyAdmin):
     """Tokens are made and revoked with `manage.py agent_token`; only their digest is stored,
     and it is not shown."""
 
-    list_display = ("name", "prefix", "user", "created_at", "last_used_at", "revoked")
+    list_display = ("name", "prefix", "user", "created_at", "last_used_at", "expires_at", "revoked")
     list_filter = ("revoked",)
-    fields = ("name", "prefix", "user", "created_at", "last_used_at", "revoked")
+    fields = ("name", "prefix", "user", "created_at", "last_used_at", "expires_at", "revoked")
