@@ -157,6 +157,7 @@ def loop_steps_per_second(
     journal."""
     from loop import actions, plans
     from loop.models import Event, EventKind, Step
+    from loop.permissions import SYSTEM
 
     per_task = 5
     for t in range(steps // per_task):
@@ -167,7 +168,7 @@ def loop_steps_per_second(
                 for i in range(per_task)
             ],
         }
-        actions.create_task(plan=plans.validate(plan), actor="bench")
+        actions.create_task(plan=plans.validate(plan), actor="bench", user=SYSTEM)
     mine = Step.objects.filter(task__title__startswith=f"{label} ")
     total = mine.count()
     worker = subprocess.Popen(
@@ -200,6 +201,7 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
 
     from loop import actions, effects, plans
     from loop.models import Event, EventKind
+    from loop.permissions import SYSTEM
     from loop.runner import Runner
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
@@ -230,7 +232,7 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
                 for i in range(5)
             ],
         }
-        actions.create_task(plan=plans.validate(plan), actor="bench")
+        actions.create_task(plan=plans.validate(plan), actor="bench", user=SYSTEM)
     runner = Runner(label="explain")
     runner.boot()
     commit = timed("commit", connection.commit)

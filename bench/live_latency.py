@@ -44,9 +44,10 @@ u.user_permissions.add(Permission.objects.get(codename="confirm_step"))
 PLAN = """
 import json, sys
 from loop import actions, plans
+from loop.permissions import SYSTEM
 n = int(sys.argv[-1])
 steps = [{"key": f"s{i}", "tool": "sleep", "args": {"seconds": 0.04}} for i in range(n)]
-task = actions.create_task(plan=plans.validate({"title": "bench", "steps": steps}), actor="bench")
+task = actions.create_task(plan=plans.validate({"title": "bench", "steps": steps}), actor="bench", user=SYSTEM)
 print(task.pk)
 """
 TIMES = """

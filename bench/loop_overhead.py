@@ -67,6 +67,7 @@ def create_tasks(tasks: int, steps: int, batch: int) -> list[int]:
     from django.db import transaction
 
     from loop import actions, plans
+    from loop.permissions import SYSTEM
 
     spec = plans.validate(
         {
@@ -75,7 +76,7 @@ def create_tasks(tasks: int, steps: int, batch: int) -> list[int]:
         }
     )
     with transaction.atomic():
-        return [actions.create_task(plan=spec, actor="bench").pk for _ in range(tasks)]
+        return [actions.create_task(plan=spec, actor="bench", user=SYSTEM).pk for _ in range(tasks)]
 
 
 def drain(task_ids: list[int], proc: subprocess.Popen[bytes]) -> float:

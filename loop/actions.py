@@ -1,15 +1,15 @@
 """Every change of state that people and agents ask for, and the task rules they share with
 the runner. Views, the API, the admin and commands call these; none writes a state field.
 
-Each `do_*`-style action validates first, then changes state and journals in one transaction.
+Each `do_*`-style action checks who asks (`user`: a person, an agent's user, or
+`permissions.SYSTEM`; see `loop/permissions.py`), validates, then changes state and journals in
+one transaction.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractUser, AnonymousUser
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -24,6 +24,7 @@ from .models import (
     Task,
     TaskState,
 )
+from .permissions import Who, require
 from .states import IllegalTransition
 from .transitions import move_effect, move_step, move_task
 
@@ -39,9 +40,6 @@ OPEN_STEP_STATES = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
 
 class Refused(Exception):
     """The request does not fit the current state; nothing was changed."""
-
-
-User = AbstractUser | AnonymousUser
 
 
 # ---- the task rules, shared by every caller --------------------------------------------------
@@ -84,8 +82,13 @@ def cancel_unsettled(step: Step, *, actor: str) -> None:
 # ---- creating and changing plans -------------------------------------------------------------
 
 
-def create_task(*, plan: plans.PlanSpec, actor: str) -> Task:
+def create_task(*, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
     """A task in `planning` with its steps, then `running`: one commit."""
+    require(user, "create a task", actor=actor)
+    return _create(plan, actor)
+
+
+def _create(plan: plans.PlanSpec, actor: str) -> Task:
     with transaction.atomic():
         task = Task.objects.create(title=plan.title, created_by=actor)
         journal.record(EventKind.TASK_CREATED, task=task, actor=actor, title=plan.title)
@@ -115,9 +118,12 @@ def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: st
     return created
 
 
-def add_steps(*, task_id: int, steps: Any, after: str | None = None, actor: str) -> list[Step]:
+def add_steps(
+    *, task_id: int, steps: Any, after: str | None = None, actor: str, user: Who
+) -> list[Step]:
     """Add steps after the step with key `after` (default: at the end). Only pending steps
     move. A task paused by a failed step takes the new steps as its replacement and runs on."""
+    require(user, "add steps", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
@@ -172,15 +178,17 @@ def _waive_failed(task: Task, *, actor: str) -> bool:
     return bool(failed)
 
 
-def pause(*, task_id: int, actor: str) -> Task:
+def pause(*, task_id: int, actor: str, user: Who) -> Task:
+    require(user, "pause", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         _move(task, "pause", actor)
     return task
 
 
-def resume(*, task_id: int, actor: str) -> Task:
+def resume(*, task_id: int, actor: str, user: Who) -> Task:
     """Resume a paused task; a failed step that paused it is skipped from now on."""
+    require(user, "resume", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         _move(task, "resume", actor)
@@ -189,13 +197,14 @@ def resume(*, task_id: int, actor: str) -> Task:
     return task
 
 
-def supersede(*, task_id: int, plan: plans.PlanSpec, actor: str) -> Task:
+def supersede(*, task_id: int, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
     """Replace a task by a successor created from `plan`; the old task's pending steps never run."""
+    require(user, "supersede", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
             raise Refused(f"can't supersede when the task is {task.state}")
-        successor = create_task(plan=plan, actor=actor)
+        successor = _create(plan, actor)
         _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
     return successor
 
@@ -212,24 +221,12 @@ def _move(
 # ---- answers to questions ----------------------------------------------------------------------
 
 
-def unblock(
-    *, step_id: int, decision: str, actor: str, user: User | None = None, note: str = ""
-) -> Step:
-    """Answer a blocked step's question. A person needs `loop.confirm_step`; a refusal for
-    want of it is journaled. A decision that does not answer the question changes nothing."""
+def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "") -> Step:
+    """Answer a blocked step's question. A decision that does not answer the question
+    changes nothing."""
     if decision not in DECISIONS:
         raise Refused(f"decision: must be one of {', '.join(DECISIONS)}")
-    if user is not None and not user.has_perm("loop.confirm_step"):
-        with transaction.atomic():
-            step = Step.objects.get(pk=step_id)
-            journal.record(
-                EventKind.DECISION_REFUSED,
-                step=step,
-                actor=actor,
-                decision=decision,
-                reason="missing permission loop.confirm_step",
-            )
-        raise PermissionDenied("you may not answer questions (loop.confirm_step)")
+    require(user, "answer questions", actor=actor, step_id=step_id, decision=decision)
     with transaction.atomic():
         # Lock order everywhere: the task row, then its steps (the runner's claim holds the
         # task row while it writes the step).
@@ -291,34 +288,14 @@ def _cleared(**fields: Any) -> dict[str, Any]:
     return {"question_kind": "", "question_text": "", **fields}
 
 
-# ---- the dashboard and the admin ---------------------------------------------------------------
-
-
-def check_may_act(
-    user: User, *, action: str, actor: str, task_id: int | None = None, step_id: int | None = None
-) -> None:
-    """A person steering the loop from the dashboard needs `loop.confirm_step`. A refusal is
-    journaled (`decision_refused`, naming the action) and raises PermissionDenied."""
-    if user.has_perm("loop.confirm_step"):
-        return
-    with transaction.atomic():
-        step = Step.objects.filter(pk=step_id).first() if step_id is not None else None
-        journal.record(
-            EventKind.DECISION_REFUSED,
-            task=task_id,
-            step=step,
-            actor=actor,
-            action=action,
-            reason="missing permission loop.confirm_step",
-        )
-    raise PermissionDenied(f"you may not {action} (loop.confirm_step)")
+# ---- the admin ---------------------------------------------------------------------------------
 
 
 PLAN_FIELDS = ("title", "tool", "args", "side_effect", "confirm_before", "max_attempts")
 
 
 def edit_steps(
-    *, task_id: int, edits: dict[int, dict[str, Any]], actor: str
+    *, task_id: int, edits: dict[int, dict[str, Any]], actor: str, user: Who
 ) -> tuple[list[Step], list[Step]]:
     """Change the plan fields (and positions) of pending steps: `edits` maps a step id to its
     changed fields. Each write is a compare-and-set on state='pending' and touches only the
@@ -329,6 +306,7 @@ def edit_steps(
     An edit that changes a step's call (tool or args) clears its authorization, journaled as
     `authorization_cleared`, so the guard asks again; one to the call of a step with an
     effect beyond `pending` is refused, and nothing is changed (DESIGN.md §5)."""
+    require(user, "edit steps", actor=actor, task_id=task_id)
     allowed = {*PLAN_FIELDS, "position"}
     for step_id, fields in edits.items():
         unknown = sorted(set(fields) - allowed)

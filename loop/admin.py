@@ -18,6 +18,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
@@ -204,9 +205,12 @@ class TaskAdmin(admin.ModelAdmin):
         task = form.instance
         try:
             edited, skipped = actions.edit_steps(
-                task_id=task.pk, edits=edits, actor=f"admin:{request.user.get_username()}"
+                task_id=task.pk,
+                edits=edits,
+                actor=f"admin:{request.user.get_username()}",
+                user=request.user,
             )
-        except actions.Refused as exc:
+        except (actions.Refused, PermissionDenied) as exc:
             self.message_user(request, f"Nothing was changed: {exc}", messages.ERROR)
             return
         formset.changed_objects = [(s, sorted(edits[s.pk])) for s in edited]

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import live
+from . import live, permissions
 from .models import Task
 
 UNAUTHENTICATED = 4401
@@ -32,7 +32,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(UNAUTHENTICATED)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
-        can_act = await database_sync_to_async(user.has_perm)("loop.confirm_step")
+        can_act = await database_sync_to_async(permissions.may)(user, "answer questions")
         topic = live.Topic.parse(query.get("topic", [""])[0], can_act=can_act)
         after_raw = query.get("after", [""])[0]
         # `seen`: ids the page already has near `after`. On PostgreSQL a lower id can commit

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 
 from loop import actions, lease, plans
 from loop.models import Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.tick import Started
 
@@ -35,7 +36,7 @@ def step(key: str, tool: str = "echo", **fields: Any) -> dict[str, Any]:
 
 def make_task(*steps: dict[str, Any], title: str = "test task", actor: str = "test") -> Task:
     spec = plans.validate({"title": title, "steps": list(steps)})
-    return actions.create_task(plan=spec, actor=actor)
+    return actions.create_task(plan=spec, actor=actor, user=SYSTEM)
 
 
 @pytest.fixture
@@ -64,10 +65,23 @@ def run_until_idle(runner: Runner, limit: int = 200) -> int:
     return ticks
 
 
+DAD_PERMISSIONS = ("loop.confirm_step", "loop.add_task", "loop.change_step")
+
+
+def permission_objects(*names: str) -> list[Permission]:
+    """The Permission rows for names like 'loop.confirm_step'."""
+    found = []
+    for name in names:
+        app, codename = name.split(".")
+        found.append(Permission.objects.get(content_type__app_label=app, codename=codename))
+    return found
+
+
 @pytest.fixture
 def dad(db: None) -> User:
+    """Dad holds every permission the loop asks for (loop/permissions.py)."""
     user = User.objects.create_user("dad", password="dad-password-1")
-    user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
+    user.user_permissions.add(*permission_objects(*DAD_PERMISSIONS))
     return User.objects.get(pk=user.pk)  # fresh permission cache
 
 

@@ -51,6 +51,13 @@ def pippa_agent(dad: User) -> Agent:
 
 
 @pytest.fixture
+def helper_agent(dad: User) -> Agent:
+    """A second agent with Dad's permissions."""
+    _, token = issue(name="helper", user=dad)
+    return Agent(token)
+
+
+@pytest.fixture
 def guest_agent(guest: User) -> Agent:
     _, token = issue(name="visitor", user=guest)
     return Agent(token)
@@ -257,11 +264,11 @@ def test_a_concurrent_duplicate_is_rolled_back_and_answered_as_the_first(
     assert Receipt.objects.filter(command_id="twice").count() == 1
 
 
-def test_command_ids_belong_to_their_agent(pippa_agent: Agent, guest_agent: Agent) -> None:
+def test_command_ids_belong_to_their_agent(pippa_agent: Agent, helper_agent: Agent) -> None:
     task = make_task(step("a"))
     assert pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 200
     # Another agent's same key is its own command: it runs (and is refused on its merits).
-    assert guest_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 409
+    assert helper_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 409
 
 
 # ---- next and commit ---------------------------------------------------------------------------
@@ -303,14 +310,14 @@ def test_a_blocked_verdict_needs_an_uncertain_effect_to_ask_about(pippa_agent: A
 
 
 def test_next_holds_the_lease_against_workers_and_other_agents(
-    pippa_agent: Agent, guest_agent: Agent, worker: Any
+    pippa_agent: Agent, helper_agent: Agent, worker: Any
 ) -> None:
     task = make_task(step("a"))
     taken = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
     held = Task.objects.get(pk=task.pk)
     assert held.lease_owner == -AgentToken.objects.get(name="pippa").pk
     assert worker.tick() is False  # the worker finds nothing to claim
-    other = guest_agent.post(f"/api/tasks/{task.pk}/next")
+    other = helper_agent.post(f"/api/tasks/{task.pk}/next")
     assert other.status_code == 409
     assert other.json()["error"].startswith(f"lease: task {task.pk} is held by agent:pippa")
     renewed = pippa_agent.post(
@@ -356,7 +363,7 @@ def test_a_worker_takes_over_a_lapsed_agent_lease_and_the_agent_is_late(
     assert len(events(EventKind.LATE_RESULT, task=task)) == 1
 
 
-def test_a_lease_token_is_checked(pippa_agent: Agent, guest_agent: Agent) -> None:
+def test_a_lease_token_is_checked(pippa_agent: Agent, helper_agent: Agent) -> None:
     task = make_task(step("a"), step("b"))
     taken = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
     other_step = Step.objects.get(task=task, key="b").pk
@@ -370,7 +377,7 @@ def test_a_lease_token_is_checked(pippa_agent: Agent, guest_agent: Agent) -> Non
         f"/api/steps/{step_id}/commit", {"lease_token": "x:y:z", "verdict": "done"}
     )
     assert forged.status_code == 403
-    not_theirs = guest_agent.post(
+    not_theirs = helper_agent.post(
         f"/api/steps/{step_id}/commit", {"lease_token": taken["lease_token"], "verdict": "done"}
     )
     assert not_theirs.status_code == 403
@@ -428,10 +435,16 @@ def asking(agent: Agent) -> Step:
     return Step.objects.get(task=task)
 
 
-def test_unblock_without_permission_is_403_and_journaled(guest_agent: Agent) -> None:
-    pay = asking(guest_agent)
+def test_unblock_without_permission_is_403_and_journaled(
+    pippa_agent: Agent, guest_agent: Agent
+) -> None:
+    pay = asking(pippa_agent)
     refused = guest_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "allow"})
     assert refused.status_code == 403
+    assert refused.json()["detail"] == {
+        "action": "answer questions",
+        "missing": ["loop.confirm_step"],
+    }
     [event] = events(EventKind.DECISION_REFUSED, step=pay)
     assert event.actor == "agent:visitor"
     assert Step.objects.get(pk=pay.pk).state == "blocked"

@@ -149,10 +149,10 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 @pytest.fixture
 def dad_user(transactional_db: None) -> User:
-    from django.contrib.auth.models import Permission
+    from .conftest import DAD_PERMISSIONS, permission_objects
 
     user = User.objects.create_user("dad", password="dad-password-1", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
+    user.user_permissions.add(*permission_objects(*DAD_PERMISSIONS))
     return user
 
 

@@ -16,6 +16,7 @@ from django.contrib.auth.models import User
 from loop import actions, live
 from loop.consumers import LiveConsumer
 from loop.models import Event
+from loop.permissions import SYSTEM
 from pippa_site.asgi import application
 
 from .conftest import make_task, step
@@ -135,7 +136,7 @@ def test_reconnect_with_the_last_event_id_gets_exactly_the_missed_events(
             "steps",
         }
 
-        await db(actions.pause)(task_id=task.pk, actor="dad")
+        await db(actions.pause)(task_id=task.pk, actor="dad", user=SYSTEM)
         live_ones = await db(new_ids)(start, task.pk)
         got = await messages_until(first, live_ones)
         assert sorted(ids(got)) == sorted(live_ones)
@@ -144,9 +145,9 @@ def test_reconnect_with_the_last_event_id_gets_exactly_the_missed_events(
         await first.disconnect()
 
         # While the page is away: changes to this task and to another one.
-        await db(actions.resume)(task_id=task.pk, actor="dad")
-        await db(actions.add_steps)(task_id=task.pk, steps=[step("c")], actor="pippa")
-        await db(actions.pause)(task_id=other.pk, actor="dad")
+        await db(actions.resume)(task_id=task.pk, actor="dad", user=SYSTEM)
+        await db(actions.add_steps)(task_id=task.pk, steps=[step("c")], actor="pippa", user=SYSTEM)
+        await db(actions.pause)(task_id=other.pk, actor="dad", user=SYSTEM)
         missed = await db(new_ids)(last_seen, task.pk)
         assert missed
 
@@ -157,7 +158,7 @@ def test_reconnect_with_the_last_event_id_gets_exactly_the_missed_events(
         assert replayed["events"] == sorted(missed)
         assert [r["id"] for r in replayed["rows"]] == [f"event-{i}" for i in sorted(missed)]
 
-        await db(actions.pause)(task_id=task.pk, actor="dad")
+        await db(actions.pause)(task_id=task.pk, actor="dad", user=SYSTEM)
         newest = await db(new_ids)(max(missed), task.pk)
         later = await messages_until(second, newest)
         assert sorted(ids(later)) == sorted(newest)  # nothing replayed twice, nothing lost

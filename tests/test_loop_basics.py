@@ -8,6 +8,7 @@ import pytest
 
 from loop import actions
 from loop.models import Event, Step, Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 
 from .conftest import make_task, run_until_idle, step
@@ -49,7 +50,7 @@ def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -
     task.refresh_from_db()
     assert task.state == "paused"
     assert task.steps.get(key="read").state == "failed"
-    actions.resume(task_id=task.pk, actor="dad")
+    actions.resume(task_id=task.pk, actor="dad", user=SYSTEM)
     run_until_idle(worker)
     task.refresh_from_db()
     assert task.state == "done"
@@ -58,12 +59,15 @@ def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -
 
 def test_add_steps_after_a_key_and_supersede(worker: Runner) -> None:
     task = make_task(step("a"), step("c"))
-    actions.add_steps(task_id=task.pk, steps=[step("b")], after="a", actor="pippa")
+    actions.add_steps(task_id=task.pk, steps=[step("b")], after="a", actor="pippa", user=SYSTEM)
     assert list(task.steps.order_by("position").values_list("key", flat=True)) == ["a", "b", "c"]
     from loop import plans
 
     successor = actions.supersede(
-        task_id=task.pk, plan=plans.validate({"title": "v2", "steps": [step("x")]}), actor="pippa"
+        task_id=task.pk,
+        plan=plans.validate({"title": "v2", "steps": [step("x")]}),
+        actor="pippa",
+        user=SYSTEM,
     )
     run_until_idle(worker)
     task.refresh_from_db()
@@ -100,11 +104,11 @@ def test_illegal_task_moves_are_refused(db: None, bad: str) -> None:
     task = make_task(step("a"))
     if bad == "resume":
         with pytest.raises(actions.Refused, match="can't resume when running"):
-            actions.resume(task_id=task.pk, actor="dad")
+            actions.resume(task_id=task.pk, actor="dad", user=SYSTEM)
     else:
-        actions.pause(task_id=task.pk, actor="dad")
+        actions.pause(task_id=task.pk, actor="dad", user=SYSTEM)
         with pytest.raises(actions.Refused, match="can't pause when paused"):
-            actions.pause(task_id=task.pk, actor="dad")
+            actions.pause(task_id=task.pk, actor="dad", user=SYSTEM)
 
 
 def test_a_step_whose_tool_is_gone_fails_naming_it(worker: Runner) -> None:

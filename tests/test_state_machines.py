@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 
 from loop import actions, lease, plans
 from loop.models import EffectState, Event, Step, StepState, Task, TaskState
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.states import EFFECT, STEP, TASK, IllegalTransition, Machine
 from loop.tick import NeedsProbe, Started
@@ -191,7 +192,7 @@ class LoopMachine(RuleBasedStateMachine):
         task_id = data.draw(st.sampled_from(self.tasks))
         before = Task.objects.get(pk=task_id).state
         try:
-            getattr(actions, move)(task_id=task_id, actor="dad")
+            getattr(actions, move)(task_id=task_id, actor="dad", user=SYSTEM)
         except actions.Refused as exc:
             assert not TASK.allows(before, move), f"{move} refused from {before}: {exc}"
         else:
@@ -204,7 +205,9 @@ class LoopMachine(RuleBasedStateMachine):
         keys = list(task.steps.order_by("position").values_list("key", flat=True))
         after = None if at_end else data.draw(st.sampled_from(keys))
         try:
-            actions.add_steps(task_id=task.pk, steps=self._steps(specs), after=after, actor="pippa")
+            actions.add_steps(
+                task_id=task.pk, steps=self._steps(specs), after=after, actor="pippa", user=SYSTEM
+            )
         except (actions.Refused, plans.PlanError) as exc:
             started = task.steps.exclude(state=StepState.PENDING)
             if after is not None:
@@ -219,7 +222,7 @@ class LoopMachine(RuleBasedStateMachine):
         before = Task.objects.get(pk=task_id).state
         plan = plans.validate({"title": "successor", "steps": self._steps(specs)})
         try:
-            successor = actions.supersede(task_id=task_id, plan=plan, actor="pippa")
+            successor = actions.supersede(task_id=task_id, plan=plan, actor="pippa", user=SYSTEM)
         except actions.Refused:
             assert not TASK.allows(before, "supersede")
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 from loop import actions
 from loop.judges import Verdict
 from loop.models import Event, Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.tick import Started
 
@@ -43,7 +44,7 @@ def test_the_next_step_starts_in_the_verdicts_commit(worker: Runner) -> None:
 def test_a_task_paused_while_its_step_ran_does_not_go_on(worker: Runner) -> None:
     task = make_task(step("a"), step("b"))
     a = claim_and_start(worker)
-    actions.pause(task_id=task.pk, actor="dad")
+    actions.pause(task_id=task.pk, actor="dad", user=SYSTEM)
     assert worker._commit_batch([(a, Verdict.done({"value": "a"}))], []) == []
     task.refresh_from_db()
     assert task.state == "paused" and task.lease_owner is None

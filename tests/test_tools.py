@@ -18,6 +18,7 @@ from django.db import transaction
 from loop import effects, journal, plans, tools
 from loop.judges import tool as tool_judge
 from loop.models import Effect, Event, Step, Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.tools.mail import message_id
 
@@ -482,7 +483,7 @@ def test_the_loops_own_database_is_off_limits(
     assert a.state == "failed" and "off limits" in a.error
     from loop import actions
 
-    actions.resume(task_id=task.pk, actor="dad")
+    actions.resume(task_id=task.pk, actor="dad", user=SYSTEM)
     run_until_idle(worker)
     b = Step.objects.get(task=task, key="b")
     assert b.state == "failed" and "the loop's own database under another name" in b.error

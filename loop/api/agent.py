@@ -25,6 +25,7 @@ from ..effects import canonical
 from ..judges import Verdict
 from ..judges.tool import resolved_args
 from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
+from ..permissions import require
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..tick import NeedsProbe, Started, StepLifecycle
 from .core import ApiError, Call, command, get_step, get_task
@@ -69,7 +70,10 @@ def lease_token(agent: AgentToken, started: Started) -> str:
 
 
 def held_step(call: Call, data: dict[str, Any], step: Step) -> Started:
-    """The start that `data["lease_token"]` stands for, if it is this agent's, for `step`."""
+    """The start that `data["lease_token"]` stands for, if it is this agent's, for `step`.
+    Every use of a lease (renew, effects, commit) passes here, so here the agent's user must
+    still be allowed to drive a step."""
+    require(call.agent.user, "drive a step", actor=call.agent.actor, step_id=step.pk)
     token = data.get("lease_token")
     if not isinstance(token, str) or not token:
         raise ApiError(400, "lease_token: required, the token `next` answered")
@@ -98,6 +102,7 @@ def _moved_on(started: Started) -> str:
 def next_step(call: Call, task_id: int) -> HttpResponse:
     """Claim the task for this agent and guard and start its first open step, in one commit
     with the receipt; a step to probe first commits the claim, probes, then starts fenced."""
+    require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
     lifecycle = AgentLifecycle(call.agent)
     with transaction.atomic():
         epoch = lease.claim_task(
@@ -217,6 +222,7 @@ def renew(call: Call, step_id: int) -> HttpResponse:
 def release(call: Call, task_id: int) -> HttpResponse:
     """Let go of a task this agent holds, so workers (or other agents) may take it. A step it
     started and did not commit is left `running`: its next holder re-enters it as a cut."""
+    require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
     call.body(frozenset())
     task = get_task(task_id)
     if not lease.let_go(task_id, call.agent.lease_owner):

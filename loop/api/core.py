@@ -33,6 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import actions, plans, throttle
 from ..lease import LeaseLost
 from ..models import AgentToken, Receipt, Step, Task
+from ..permissions import Forbidden
 from ..states import IllegalTransition
 from ..transitions import Conflict
 
@@ -322,8 +323,10 @@ def _respond(view: View, call: Call, kwargs: dict[str, Any]) -> HttpResponse:
         return exc.response()
     except plans.PlanError as exc:
         return error(400, str(exc), errors=exc.errors)
+    except Forbidden as exc:
+        return error(403, str(exc), detail={"action": exc.act, "missing": exc.missing})
     except PermissionDenied as exc:
-        return error(403, str(exc))
+        return error(403, str(exc), detail={})
     except (actions.Refused, IllegalTransition, Conflict, LeaseLost) as exc:
         return error(409, str(exc))
 

@@ -1,5 +1,6 @@
 """Tasks, plans, answers and the journal over HTTP (DESIGN.md §13). Each command calls an
-action in `loop/actions.py`; none writes a state field itself."""
+action in `loop/actions.py` as the token's user, whose permissions the action checks; none
+writes a state field itself."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def show_task(call: Call, task_id: int) -> HttpResponse:
 @command()
 def create_task(call: Call) -> HttpResponse:
     plan = plans.validate(call.body())
-    task = actions.create_task(plan=plan, actor=call.agent.actor)
+    task = actions.create_task(plan=plan, actor=call.agent.actor, user=call.agent.user)
     return JsonResponse(task_dict(task), status=201)
 
 
@@ -38,7 +39,13 @@ def add_steps(call: Call, task_id: int) -> HttpResponse:
     if after is not None and not isinstance(after, str):
         raise ApiError(400, "after: must be a step key")
     get_task(task_id)
-    actions.add_steps(task_id=task_id, steps=data.get("steps"), after=after, actor=call.agent.actor)
+    actions.add_steps(
+        task_id=task_id,
+        steps=data.get("steps"),
+        after=after,
+        actor=call.agent.actor,
+        user=call.agent.user,
+    )
     return JsonResponse(task_dict(get_task(task_id)))
 
 
@@ -46,27 +53,31 @@ def add_steps(call: Call, task_id: int) -> HttpResponse:
 def pause(call: Call, task_id: int) -> HttpResponse:
     call.body(frozenset())
     get_task(task_id)
-    return JsonResponse(task_dict(actions.pause(task_id=task_id, actor=call.agent.actor)))
+    paused = actions.pause(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    return JsonResponse(task_dict(paused))
 
 
 @command()
 def resume(call: Call, task_id: int) -> HttpResponse:
     call.body(frozenset())
     get_task(task_id)
-    return JsonResponse(task_dict(actions.resume(task_id=task_id, actor=call.agent.actor)))
+    resumed = actions.resume(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    return JsonResponse(task_dict(resumed))
 
 
 @command()
 def supersede(call: Call, task_id: int) -> HttpResponse:
     plan = plans.validate(call.body())
     get_task(task_id)
-    successor = actions.supersede(task_id=task_id, plan=plan, actor=call.agent.actor)
+    successor = actions.supersede(
+        task_id=task_id, plan=plan, actor=call.agent.actor, user=call.agent.user
+    )
     return JsonResponse(task_dict(successor), status=201)
 
 
 @command()
 def unblock(call: Call, step_id: int) -> HttpResponse:
-    """Answer a blocked step's question with the permissions of the token's user."""
+    """Answer a blocked step's question."""
     data = call.body(frozenset({"decision", "note"}))
     decision = data.get("decision")
     if decision not in actions.DECISIONS:

@@ -54,11 +54,8 @@ def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
     page = reverse("loop:task", args=[task.pk])
     try:
-        actions.check_may_act(request.user, action=verb, actor=actor(request), task_id=task.pk)
-        if verb == "pause":
-            actions.pause(task_id=task.pk, actor=actor(request))
-        else:
-            actions.resume(task_id=task.pk, actor=actor(request))
+        steer = actions.pause if verb == "pause" else actions.resume
+        steer(task_id=task.pk, actor=actor(request), user=request.user)
     except PermissionDenied as exc:
         return answer(request, str(exc), status=403, fallback=page)
     except actions.Refused as exc:

@@ -34,13 +34,14 @@ def new_task(request: HttpRequest) -> HttpResponse:
     form = PlanForm()
     status = 200
     if request.method == "POST":
-        try:
-            actions.check_may_act(request.user, action="create a task", actor=actor(request))
-        except PermissionDenied as exc:
-            return answer(request, str(exc), status=403)
         form = PlanForm(request.POST, request.FILES)
         if form.is_valid():
-            task = actions.create_task(plan=form.cleaned_data["spec"], actor=actor(request))
+            try:
+                task = actions.create_task(
+                    plan=form.cleaned_data["spec"], actor=actor(request), user=request.user
+                )
+            except PermissionDenied as exc:
+                return answer(request, str(exc), status=403)
             return redirect("loop:task", task_id=task.pk)
         status = 400
     return render(

@@ -8,9 +8,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from .. import permissions
+
 
 def can_act(request: HttpRequest) -> bool:
-    return request.user.has_perm("loop.confirm_step")
+    """Whether to show the buttons: answering and steering need the same permission."""
+    return permissions.may(request.user, "answer questions")
 
 
 def actor(request: HttpRequest) -> str:

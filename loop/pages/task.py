@@ -51,12 +51,6 @@ def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
 @login_required
 def add_steps(request: HttpRequest, task_id: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
-    try:
-        actions.check_may_act(
-            request.user, action="add steps", actor=actor(request), task_id=task.pk
-        )
-    except PermissionDenied as exc:
-        return answer(request, str(exc), status=403)
     keys = list(task.steps.order_by("position").values_list("key", flat=True))
     form = AddStepsForm(request.POST, keys=keys)
     if form.is_valid():
@@ -66,7 +60,10 @@ def add_steps(request: HttpRequest, task_id: int) -> HttpResponse:
                 steps=form.cleaned_data["steps"],
                 after=form.cleaned_data["after"] or None,
                 actor=actor(request),
+                user=request.user,
             )
+        except PermissionDenied as exc:
+            return answer(request, str(exc), status=403)
         except plans.PlanError as exc:
             form.add_error("steps", exc.errors)
         except actions.Refused as exc:
@@ -81,18 +78,17 @@ def add_steps(request: HttpRequest, task_id: int) -> HttpResponse:
 @login_required
 def supersede(request: HttpRequest, task_id: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
-    try:
-        actions.check_may_act(
-            request.user, action="supersede", actor=actor(request), task_id=task.pk
-        )
-    except PermissionDenied as exc:
-        return answer(request, str(exc), status=403)
     form = PlanForm(request.POST, request.FILES)
     if form.is_valid():
         try:
             successor = actions.supersede(
-                task_id=task.pk, plan=form.cleaned_data["spec"], actor=actor(request)
+                task_id=task.pk,
+                plan=form.cleaned_data["spec"],
+                actor=actor(request),
+                user=request.user,
             )
+        except PermissionDenied as exc:
+            return answer(request, str(exc), status=403)
         except actions.Refused as exc:
             form.add_error(None, f"state: {exc}")
         else:

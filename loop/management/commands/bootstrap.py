@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from loop import actions, plans
 from loop.management.base import LoopCommand
 from loop.models import Task
+from loop.permissions import SYSTEM
 
 ADMIN = "dad"
 DEMO_PLAN = """
@@ -44,7 +45,7 @@ class Command(LoopCommand):
             password = secrets.token_urlsafe(12)
             User.objects.create_superuser(ADMIN, f"{ADMIN}@localhost", password)
         if not Task.objects.exists():
-            actions.create_task(plan=plans.parse(DEMO_PLAN), actor="bootstrap")
+            actions.create_task(plan=plans.parse(DEMO_PLAN), actor="bootstrap", user=SYSTEM)
         # Earlier versions kept the first password in plaintext here; it is shown no more.
         old_file = Path(settings.DATA_DIR) / "admin-login.txt"
         if old_file.exists():

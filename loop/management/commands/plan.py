@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from loop import actions, plans
 from loop.management.base import LoopCommand
+from loop.permissions import SYSTEM
 
 
 class Command(LoopCommand):
@@ -32,7 +33,7 @@ class Command(LoopCommand):
             spec = plans.parse(raw)
         except plans.PlanError as exc:
             raise CommandError("invalid plan:\n  " + "\n  ".join(exc.errors)) from None
-        task = actions.create_task(plan=spec, actor=f"cli:{getpass.getuser()}")
+        task = actions.create_task(plan=spec, actor=f"cli:{getpass.getuser()}", user=SYSTEM)
         self.stdout.write(str(task.pk))
 
     @property

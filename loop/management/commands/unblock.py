@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from loop import actions
 from loop.management.base import LoopCommand
 from loop.models import Step
+from loop.permissions import SYSTEM
 
 
 class Command(LoopCommand):
@@ -36,6 +37,7 @@ class Command(LoopCommand):
                 step_id=options["step"],
                 decision=options["decision"],
                 actor=f"cli:{getpass.getuser()}",
+                user=SYSTEM,  # the operator at the shell
                 note=options["note"],
             )
         except actions.Refused as exc:
