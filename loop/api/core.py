@@ -38,6 +38,7 @@ from ..states import IllegalTransition
 from ..transitions import Conflict
 
 KEY_HEADER = "Idempotency-Key"
+MAX_ID = 2**63 - 1  # the largest row id a database column holds (BigAutoField)
 TOUCH_EVERY = timedelta(minutes=1)  # how often last_used_at is written, at most
 
 
@@ -232,6 +233,11 @@ def route(**views: View) -> View:
             response = error(405, f"method: {request.method} is not allowed here; use {allowed}")
             response["Allow"] = allowed
             return response
+        for name, value in kwargs.items():
+            if isinstance(value, int) and value > MAX_ID:
+                # No such row; the database would refuse the number itself (a 500).
+                what = name.removesuffix("_id")
+                return error(404, f"{what}: no {what} {value}")
         return view(request, **kwargs)
 
     dispatch.methods = sorted(m.upper() for m in views)  # type: ignore[attr-defined]
@@ -324,9 +330,9 @@ def _respond(view: View, call: Call, kwargs: dict[str, Any]) -> HttpResponse:
     except plans.PlanError as exc:
         return error(400, str(exc), errors=exc.errors)
     except Forbidden as exc:
-        return error(403, str(exc), detail={"action": exc.act, "missing": exc.missing})
+        return error(403, str(exc), action=exc.act, missing=exc.missing)
     except PermissionDenied as exc:
-        return error(403, str(exc), detail={})
+        return error(403, str(exc))
     except (actions.Refused, IllegalTransition, Conflict, LeaseLost) as exc:
         return error(409, str(exc))
 

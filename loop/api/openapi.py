@@ -17,7 +17,7 @@ def _id(name: str, what: str) -> dict[str, Any]:
         "name": name,
         "in": "path",
         "required": True,
-        "schema": {"type": "integer"},
+        "schema": {"type": "integer", "minimum": 0},  # the URL matches digits only
         "description": what,
     }
 
@@ -26,7 +26,8 @@ def _answers(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
     said = {
         400: "a bad body or field, or a missing, blank or too long Idempotency-Key: `detail` names it",
         401: "no valid bearer token",
-        403: "not permitted for the token's user (or a lease token not this agent's)",
+        403: "not permitted: the token's user lacks a permission the act needs (`action` and "
+        "`missing` name the act and the permissions), or a lease token not this agent's",
         404: "no such task or step",
         405: "another method is expected",
         409: "refused in the current state, a lease that moved on, or an Idempotency-Key reused with another body or path",
@@ -54,14 +55,20 @@ def _command(
     schema: dict[str, Any],
     *errors: int,
     params: list[dict[str, Any]] | None = None,
+    example: Any = None,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
         "parameters": [*(params or []), {"$ref": "#/components/parameters/IdempotencyKey"}],
+        # Any command may be refused for want of a permission (403) or for a reused
+        # Idempotency-Key (409).
         "responses": _answers(ok, schema, *sorted({400, 403, 409, 413, 415, *errors})),
     }
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {JSON: {"schema": body}}}
+        media: dict[str, Any] = {"schema": body}
+        if example is not None:
+            media["example"] = example
+        op["requestBody"] = {"required": True, "content": {JSON: media}}
     return op
 
 
@@ -78,6 +85,18 @@ TASK_ID = _id("task_id", "a task id")
 STEP_ID = _id("step_id", "a step id")
 LEASE_TOKEN = {"type": "string", "description": "the token `next` answered"}
 EMPTY = _object([])
+PLAN = {
+    "title": "Say hello",
+    "steps": [
+        {"key": "greet", "tool": "echo", "args": {"value": "hello"}},
+        {
+            "key": "note",
+            "tool": "file.write",
+            "args": {"path": "notes/hello.txt", "content": "${greet.value}"},
+            "confirm_before": True,
+        },
+    ],
+}
 
 
 def document() -> dict[str, Any]:
@@ -110,7 +129,9 @@ def document() -> dict[str, Any]:
                     "summary": "Every task, oldest first",
                     "responses": _answers(200, {"type": "array", "items": _ref("TaskSummary")}),
                 },
-                "post": _command("Create a task from a plan", _ref("Plan"), 201, _ref("Task")),
+                "post": _command(
+                    "Create a task from a plan", _ref("Plan"), 201, _ref("Task"), example=PLAN
+                ),
             },
             "/api/tasks/{task_id}": {
                 "get": {
@@ -132,6 +153,7 @@ def document() -> dict[str, Any]:
                     404,
                     409,
                     params=[TASK_ID],
+                    example={"steps": [{"key": "bye", "tool": "echo", "args": {"value": "bye"}}]},
                 ),
             },
             "/api/tasks/{task_id}/pause": {
@@ -159,6 +181,7 @@ def document() -> dict[str, Any]:
                     404,
                     409,
                     params=[TASK_ID],
+                    example=PLAN,
                 )
             },
             "/api/tasks/{task_id}/next": {
@@ -222,6 +245,7 @@ def document() -> dict[str, Any]:
                     404,
                     409,
                     params=[STEP_ID],
+                    example={"lease_token": "…", "verdict": "done", "output": {"value": "hi"}},
                 ),
             },
             "/api/steps/{step_id}/renew": {
@@ -275,6 +299,12 @@ def document() -> dict[str, Any]:
                     409,
                     422,
                     503,
+                    example={
+                        "lease_token": "…",
+                        "step": 2,
+                        "tool": "file.write",
+                        "args": {"path": "notes/hello.txt", "content": "hello"},
+                    },
                 ),
             },
             "/api/events": {
@@ -336,6 +366,12 @@ SCHEMAS: dict[str, Any] = {
             detail="string",
             error={"type": "string", "description": "the same as `detail`, for older clients"},
             errors={"type": "array", "items": {"type": "string"}, "description": "a plan's"},
+            action={"type": "string", "description": "403: the act refused"},
+            missing={
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "403: the permissions the act needs and the user lacks",
+            },
         ),
         "required": ["detail"],
     },

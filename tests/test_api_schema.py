@@ -1,0 +1,143 @@
+"""Schemathesis against /api/openapi.json: over a thousand requests generated from the
+document (derandomized, so CI sees the same ones), sent through the WSGI app as an agent with
+every permission. No answer is a 5xx, and every answer's status, headers and body are the ones
+the document promises for that operation.
+
+Generated ids and lease tokens would almost never name a real row or lease, so most requests
+would stop at a 404 or 403; small generated ids are mapped onto the rows that exist, and some
+lease tokens onto the ones `next` answered, so the commands run for real as well.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from django.contrib.auth.models import User
+from django.core.signals import request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from loop.api.core import KEY_HEADER, issue
+from loop.models import Step, Task
+
+from .conftest import make_task, step
+
+REQUESTS = 1200
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+NEAR = 1000  # generated ids below this are mapped onto existing rows
+
+
+@pytest.fixture
+def wsgi_app(db: None) -> Iterator[Any]:
+    """The site's WSGI app inside this test's transaction: like Django's test client, a
+    request must not close the connection that holds it."""
+    request_started.disconnect(close_old_connections)
+    try:
+        yield get_wsgi_application()
+    finally:
+        request_started.connect(close_old_connections)
+
+
+class Agent:
+    """What the generated requests are sent with, and what it learned from the answers."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.leases: dict[int, str] = {}  # step id -> the lease token `next` answered for it
+        self.statuses: Counter[str] = Counter()
+
+    def headers(self, case: Any) -> dict[str, str]:
+        """The token, and for a POST a fresh command id: generated keys repeat (short strings
+        are favoured) and a reused key is a 409 before the command runs. Replays are tested
+        in test_api.py."""
+        fresh = {KEY_HEADER: uuid.uuid4().hex} if case.method.upper() == "POST" else {}
+        return {"Authorization": f"Bearer {self.token}", **fresh}
+
+    def aim(self, case: Any) -> None:
+        """Small generated ids name existing tasks and steps; a lease token of even length
+        becomes one that `next` answered (most often the latest), with its step."""
+        params = case.path_parameters or {}
+        for name, model in (("task_id", Task), ("step_id", Step)):
+            if isinstance(params.get(name), int) and 0 <= params[name] < NEAR:
+                ids = list(model.objects.order_by("pk").values_list("pk", flat=True))
+                params[name] = ids[params[name] % len(ids)]
+        body = case.body
+        if not isinstance(body, dict):
+            return
+        step_id = body.get("step")
+        if isinstance(step_id, int) and not isinstance(step_id, bool) and 0 <= step_id < NEAR:
+            ids = list(Step.objects.order_by("pk").values_list("pk", flat=True))
+            body["step"] = step_id = ids[step_id % len(ids)]
+        token = body.get("lease_token")
+        if self.leases and isinstance(token, str) and len(token) % 2 == 0:
+            latest_first = list(reversed(self.leases.items()))
+            held, body["lease_token"] = latest_first[len(token) // 2 % len(latest_first)]
+            if "step_id" in params:
+                params["step_id"] = held
+            elif "step" in body:
+                body["step"] = held
+
+    def learn(self, case: Any, response: Any) -> None:
+        self.statuses[f"{case.method.upper()} {case.path} {response.status_code}"] += 1
+        if case.path.endswith("/next") and response.status_code == 200:
+            answer = response.json()
+            if answer.get("lease_token"):
+                self.leases[answer["step"]["id"]] = answer["lease_token"]
+
+
+def some_tasks() -> None:
+    make_task(step("a"), step("b"))
+    make_task(step("w", "file.write", args={"path": "w.txt", "content": "x"}, side_effect=True))
+    make_task(
+        step("pay", "file.write", args={"path": "p.txt", "content": "x"}, confirm_before=True)
+    )
+
+
+def test_generated_requests_get_documented_answers(
+    wsgi_app: Any, dad: User, file_root: Path
+) -> None:
+    some_tasks()
+    agent = Agent(issue(name="pippa", user=dad)[1])
+    schema = schemathesis.openapi.from_wsgi("/api/openapi.json", wsgi_app)
+
+    @given(case=schema.as_strategy())
+    @settings(
+        max_examples=REQUESTS,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    def answer(case: Any) -> None:
+        agent.aim(case)
+        agent.learn(case, case.call_and_validate(headers=agent.headers(case), checks=CHECKS))
+
+    answer()
+    sent = agent.statuses
+    assert sum(sent.values()) >= 1000, sent
+    every = {f"{o.method.upper()} {o.path}" for o in (r.ok() for r in schema.get_all_operations())}
+    assert {s.rsplit(" ", 1)[0] for s in sent} == every  # each operation was tried
+    succeeded = {s.rsplit(" ", 1)[0] for s in sent if s.endswith((" 200", " 201"))}
+    # The commands ran for real, not only their refusals.
+    assert {"POST /api/tasks", "POST /api/tasks/{task_id}/next"} <= succeeded, sent
