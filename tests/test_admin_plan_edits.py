@@ -164,3 +164,28 @@ def test_steps_that_cannot_change_are_read_only_and_say_why(db: None, worker: Ru
     assert "read-only because" in page.lower()
     assert "done: it never runs again" in page
     assert "blocked: it waits for an answer to its question" in page
+
+
+def test_an_admin_without_confirm_step_edits_nothing(db: None) -> None:
+    """The admin's own change permissions let the form open; editing a plan is steering,
+    which the action refuses without loop.confirm_step (journaled)."""
+    from django.contrib.auth.models import Permission
+
+    staff = User.objects.create_user("clerk", password="clerk-password-1", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_task", "change_task", "change_step"])
+    )
+    client = Client()
+    client.force_login(staff)
+    task = make_task(step("a"), step("b"))
+    form = open_form(client, task)
+    a = task.steps.get(key="a")
+    form[f"steps-{form_index(form, a)}-title"] = "edited by the clerk"
+    response = client.post(f"/admin/loop/task/{task.pk}/change/", form, follow=True)
+    assert response.status_code == 200
+    assert "you may not edit steps (loop.confirm_step)" in response.content.decode()
+    a.refresh_from_db()
+    assert a.title == "a"
+    assert not Event.objects.filter(kind="step_edited").exists()
+    refused = Event.objects.get(kind="decision_refused", task=task)
+    assert refused.actor == "admin:clerk" and refused.data["action"] == "edit steps"

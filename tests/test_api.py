@@ -580,3 +580,12 @@ def test_the_admin_lists_tokens_without_their_digest(dad: User) -> None:
     assert listed.status_code == shown.status_code == 200
     assert agent.prefix in listed.content.decode()
     assert agent.digest not in listed.content.decode() + shown.content.decode()
+
+
+def test_an_id_past_the_database_range_is_a_404(pippa_agent: Agent) -> None:
+    huge = 2**63  # one past the largest id a column holds: the database would refuse it
+    shown = pippa_agent.get(f"/api/tasks/{huge}")
+    assert shown.status_code == 404 and shown.json()["error"] == f"task: no task {huge}"
+    claimed = pippa_agent.post(f"/api/tasks/{huge}/next")
+    assert claimed.status_code == 404
+    assert pippa_agent.post(f"/api/steps/{huge}/renew", {"lease_token": "x"}).status_code == 404

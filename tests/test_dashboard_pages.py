@@ -182,3 +182,36 @@ def test_pause_resume_and_supersede(dad: User) -> None:
     task.refresh_from_db()
     assert task.state == "superseded" and task.successor is not None
     assert response["Location"] == reverse("loop:task", args=[task.successor.pk])
+
+
+def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: Runner) -> None:
+    """Answering and steering need loop.confirm_step, a new task loop.add_task: the action
+    checks, whichever page posts."""
+    from django.contrib.auth.models import Permission
+
+    from .conftest import permission_objects
+
+    answers_only = User.objects.create_user("mum")
+    answers_only.user_permissions.add(*permission_objects("loop.confirm_step"))
+    client = logged_in(answers_only)
+    good = '{"title": "T", "steps": [{"key": "a", "tool": "echo", "args": {"value": 1}}]}'
+    response = client.post(reverse("loop:new_task"), {"plan": good})
+    assert response.status_code == 403 and b"loop.add_task" in response.content
+    assert Task.objects.count() == 0
+    refused = Event.objects.get(kind="decision_refused", data__action="create a task")
+    assert refused.actor == "mum" and refused.data["reason"] == "missing permission loop.add_task"
+
+    task = make_task(step("a"), step("b"))
+    creates_only = User.objects.create_user("visitor")
+    creates_only.user_permissions.add(Permission.objects.get(codename="add_task"))
+    client = logged_in(creates_only)
+    more = "- {key: c, tool: echo, args: {value: 3}}"
+    response = client.post(reverse("loop:add_steps", args=[task.pk]), {"steps": more})
+    assert response.status_code == 403 and b"you may not add steps" in response.content
+    response = client.post(
+        reverse("loop:supersede", args=[task.pk]), {"plan": good.replace('"T"', '"v2"')}
+    )
+    assert response.status_code == 403 and b"loop.confirm_step" in response.content
+    task.refresh_from_db()
+    assert task.state == "running" and Task.objects.count() == 1
+    assert task.steps.count() == 2
