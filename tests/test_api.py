@@ -589,3 +589,11 @@ def test_an_id_past_the_database_range_is_a_404(pippa_agent: Agent) -> None:
     claimed = pippa_agent.post(f"/api/tasks/{huge}/next")
     assert claimed.status_code == 404
     assert pippa_agent.post(f"/api/steps/{huge}/renew", {"lease_token": "x"}).status_code == 404
+
+
+def test_a_decision_of_the_wrong_type_is_a_400(pippa_agent: Agent) -> None:
+    pay = asking(pippa_agent)
+    for decision in ({"allow": True}, ["allow"], 1, None):
+        bad = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": decision})
+        assert bad.status_code == 400 and bad.json()["error"].startswith("decision:")
+    assert Step.objects.get(pk=pay.pk).state == "blocked"

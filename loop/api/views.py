@@ -80,7 +80,7 @@ def unblock(call: Call, step_id: int) -> HttpResponse:
     """Answer a blocked step's question."""
     data = call.body(frozenset({"decision", "note"}))
     decision = data.get("decision")
-    if decision not in actions.DECISIONS:
+    if not isinstance(decision, str) or decision not in actions.DECISIONS:
         raise ApiError(400, f"decision: required, one of {', '.join(actions.DECISIONS)}")
     note = data.get("note", "")
     if not isinstance(note, str):
