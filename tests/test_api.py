@@ -597,3 +597,14 @@ def test_a_decision_of_the_wrong_type_is_a_400(pippa_agent: Agent) -> None:
         bad = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": decision})
         assert bad.status_code == 400 and bad.json()["error"].startswith("decision:")
     assert Step.objects.get(pk=pay.pk).state == "blocked"
+
+
+def test_text_no_database_can_store_is_a_400_naming_the_field(pippa_agent: Agent) -> None:
+    nul = pippa_agent.post("/api/tasks", plan(title="a\u0000b"))
+    assert nul.status_code == 400
+    assert nul.json()["error"] == "title: contains a NUL character (\\u0000)"
+    half = pippa_agent.post("/api/tasks", plan(step("a", args={"value": "\ud800"})))
+    assert half.status_code == 400
+    assert half.json()["error"].startswith("steps[0].args.value: contains an unpaired surrogate")
+    assert not Task.objects.exists()
+    assert pippa_agent.post("/api/tasks", plan(), key="bad\u0001key").status_code == 400

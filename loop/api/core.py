@@ -283,6 +283,8 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
                 return error(400, f"{KEY_HEADER}: header required on every POST (a command id)")
             if len(key) > 255:
                 return error(400, f"{KEY_HEADER}: at most 255 characters")
+            if not key.isprintable():
+                return error(400, f"{KEY_HEADER}: printable characters only")
             call.command_id = key
             call.scope = f"{request.method} {request.path}"
             call.body_digest = hashlib.sha256(body).hexdigest()
