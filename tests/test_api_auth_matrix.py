@@ -133,6 +133,14 @@ ENDPOINTS = [
         lease=True,
     ),
     Endpoint(
+        "api_release",
+        "POST",
+        lambda w: (f"/api/tasks/{w.held.task_id}/release", {}),
+        200,
+        "drive a step",
+        lease=True,
+    ),
+    Endpoint(
         "api_commit",
         "POST",
         lambda w: (
@@ -167,7 +175,7 @@ ENDPOINTS = [
                 "lease_token": w.lease_token,
                 "step": w.held.pk,
                 "tool": "file.write",
-                "args": {"path": "w.txt", "content": "made"},
+                "args": {"path": "w.txt", "content": "x"},  # the step's own call
             },
         ),
         200,
@@ -314,7 +322,7 @@ def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path
         [event] = Event.objects.filter(kind=EventKind.DECISION_REFUSED).order_by("pk")[refused:]
         assert event.actor == "agent:lacking" and event.data["action"] == endpoint.act
     else:
-        if endpoint.name == "api_next":
+        if endpoint.name in ("api_next", "api_release"):
             assert response.status_code == 409, answer  # the task is held by the other agent
             assert answer["error"].startswith(f"lease: task {world.held.task_id} is held by")
         else:

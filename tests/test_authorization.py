@@ -17,6 +17,7 @@ from django.test import Client
 from loop import actions, calls
 from loop.api.core import issue
 from loop.models import Effect, Event, Step, Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 
 from .conftest import make_task, run_until_idle, step
@@ -137,7 +138,10 @@ def test_do_it_then_an_edit_of_the_call_asks_may_i_for_the_new_call(
     assert pay.question_kind == "did_it_happen" and len(receiver.posts) == 1
     actions.unblock(step_id=pay.pk, decision="rerun", actor="dad", user=dad)
     actions.edit_steps(
-        task_id=task.pk, edits={pay.pk: {"args": paying(receiver.url(), 7)}}, actor="pippa"
+        task_id=task.pk,
+        edits={pay.pk: {"args": paying(receiver.url(), 7)}},
+        actor="pippa",
+        user=SYSTEM,
     )
     run_until_idle(worker)
     pay.refresh_from_db()
@@ -186,11 +190,16 @@ def test_it_happened_then_an_edit_of_the_call_is_refused_naming_the_effect(
     )
     with pytest.raises(actions.Refused) as exc:
         actions.edit_steps(
-            task_id=task.pk, edits={pay.pk: {"args": paying(receiver.url(), 5000)}}, actor="x"
+            task_id=task.pk,
+            edits={pay.pk: {"args": paying(receiver.url(), 5000)}},
+            actor="x",
+            user=SYSTEM,
         )
     assert str(exc.value) == refused
     with pytest.raises(actions.Refused):
-        actions.edit_steps(task_id=task.pk, edits={pay.pk: {"tool": "http.put"}}, actor="x")
+        actions.edit_steps(
+            task_id=task.pk, edits={pay.pk: {"tool": "http.put"}}, actor="x", user=SYSTEM
+        )
 
     # The admin shows the call read-only, with the reason; a changed call in the POST is
     # ignored, a changed title saved, and the authorization kept.

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 from loop import actions, calls, effects, lease, tools
 from loop.judges.tool import resolved_args
 from loop.models import Effect, Event, Step, StepState, Task
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.tick import Started
 
@@ -168,7 +169,9 @@ class AuthorizationMachine(RuleBasedStateMachine):
         fixed = calls.why_fixed(pay)
         new_call = calls.changes_call(pay, fields)
         try:
-            edited, _ = actions.edit_steps(task_id=self.task.pk, edits={pay.pk: fields}, actor="ed")
+            edited, _ = actions.edit_steps(
+                task_id=self.task.pk, edits={pay.pk: fields}, actor="ed", user=SYSTEM
+            )
         except actions.Refused as exc:
             assert new_call and fixed and str(exc) == fixed
             return
@@ -190,6 +193,7 @@ class AuthorizationMachine(RuleBasedStateMachine):
                 task_id=self.task.pk,
                 steps=[self._pay(len(self.pays) + 1, confirm_before=confirm_before)],
                 actor="pippa",
+                user=SYSTEM,
             )
         except actions.Refused:
             assert Task.objects.get(pk=self.task.pk).state in ("done", "failed", "superseded")
@@ -199,7 +203,7 @@ class AuthorizationMachine(RuleBasedStateMachine):
     @rule()
     def resume(self) -> None:
         if Task.objects.get(pk=self.task.pk).state == "paused":
-            actions.resume(task_id=self.task.pk, actor="dad")
+            actions.resume(task_id=self.task.pk, actor="dad", user=SYSTEM)
 
     # ---- the invariant ---------------------------------------------------------------------------
 
