@@ -21,7 +21,7 @@ from .models import EventKind, Step, Task
 ANSWER = "loop.confirm_step"  # Dad's: answer "May I do this?" / "Did this happen?"
 STEER = ANSWER  # pausing, resuming, re-planning someone's task is Dad's too
 CREATE = "loop.add_task"
-DRIVE = "loop.change_step"  # run a step yourself: next, renew, effects, commit
+DRIVE = "loop.change_step"  # run a step yourself: next, renew, effects, commit, release
 
 NEEDS: dict[str, tuple[str, ...]] = {
     "create a task": (CREATE,),
