@@ -311,7 +311,7 @@ def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path
             assert snapshot() != before  # the same request with the right does something
         return
     answer = response.json()
-    assert set(answer) >= {"error"}, answer
+    assert set(answer) >= {"detail", "error"}, answer
     if column in ("anonymous", "wrong token", "revoked", "expired"):
         assert response.status_code == 401, answer
         assert response["WWW-Authenticate"].startswith("Bearer")
@@ -319,8 +319,9 @@ def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path
         assert Event.objects.filter(kind=EventKind.DECISION_REFUSED).count() == refused
     elif column == "no permission":
         assert response.status_code == 403, answer
-        assert answer["detail"]["action"] == endpoint.act
-        assert answer["detail"]["missing"] == list(permissions.NEEDS[endpoint.act or ""])
+        assert answer["action"] == endpoint.act
+        assert answer["missing"] == list(permissions.NEEDS[endpoint.act or ""])
+        assert answer["detail"] == f"you may not {endpoint.act} ({', '.join(answer['missing'])})"
         [event] = Event.objects.filter(kind=EventKind.DECISION_REFUSED).order_by("pk")[refused:]
         assert event.actor == "agent:lacking" and event.data["action"] == endpoint.act
     else:
