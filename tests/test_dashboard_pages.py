@@ -194,6 +194,7 @@ def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: R
     answers_only = User.objects.create_user("mum")
     answers_only.user_permissions.add(*permission_objects("loop.confirm_step"))
     client = logged_in(answers_only)
+    assert b"New task</a>" not in client.get(reverse("loop:home")).content
     good = '{"title": "T", "steps": [{"key": "a", "tool": "echo", "args": {"value": 1}}]}'
     response = client.post(reverse("loop:new_task"), {"plan": good})
     assert response.status_code == 403 and b"loop.add_task" in response.content
@@ -205,6 +206,7 @@ def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: R
     creates_only = User.objects.create_user("visitor")
     creates_only.user_permissions.add(Permission.objects.get(codename="add_task"))
     client = logged_in(creates_only)
+    assert b"New task</a>" in client.get(reverse("loop:home")).content
     more = "- {key: c, tool: echo, args: {value: 3}}"
     response = client.post(reverse("loop:add_steps", args=[task.pk]), {"steps": more})
     assert response.status_code == 403 and b"you may not add steps" in response.content
