@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import calls, journal, plans, rows
+from . import calls, journal, open_steps, plans
 from .models import (
     EffectState,
     EventKind,
@@ -35,7 +35,6 @@ DECISIONS = {
     "rerun": QuestionKind.DID_IT_HAPPEN,
     "fail": QuestionKind.DID_IT_HAPPEN,
 }
-OPEN_STEP_STATES = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
 
 
 class Refused(Exception):
@@ -50,12 +49,12 @@ def follow(task: Task, *, actor: str) -> None:
     running when it is not, done or failed when nothing runnable remains. In a transaction."""
     if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED, TaskState.PLANNING):
         return
-    steps = rows.values(Step, ("state", "waived"), "task_id = %s", [task.pk], order="position")
-    open_states = [state for state, _ in steps if state in OPEN_STEP_STATES]
-    if not open_states:
-        settled = all(state == StepState.DONE or waived for state, waived in steps)
+    # Through the partial indexes step_open and step_failed: never the task's done steps.
+    current = open_steps.first_open([task.pk]).get(task.pk)
+    if current is None:
+        settled = not open_steps.has_unwaived_failure(task.pk)
         move_task(task, "finish" if settled else "fail", actor=actor, fields={"run_after": None})
-    elif open_states[0] == StepState.BLOCKED:
+    elif current.state == StepState.BLOCKED:
         if task.state == TaskState.RUNNING:
             move_task(task, "block", actor=actor)
     elif task.state == TaskState.BLOCKED:
@@ -65,7 +64,7 @@ def follow(task: Task, *, actor: str) -> None:
 def after_step_failed(task: Task, *, actor: str) -> None:
     """A failed step pauses its task while other steps remain (waiting for a replacement or a
     resume); with nothing runnable left the task fails."""
-    remaining = task.steps.filter(state__in=OPEN_STEP_STATES).exists()
+    remaining = bool(open_steps.first_open([task.pk]))
     if remaining and task.state in (TaskState.RUNNING, TaskState.BLOCKED):
         move_task(task, "pause", actor=actor, data={"reason": "a step failed"})
     else:
@@ -98,20 +97,26 @@ def _create(plan: plans.PlanSpec, actor: str) -> Task:
 
 
 def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: str) -> list[Step]:
-    created = [
-        Step.objects.create(
-            task=task,
-            position=at + index,
-            key=spec.key,
-            title=spec.title,
-            tool=spec.tool,
-            args=spec.args,
-            side_effect=spec.side_effect,
-            confirm_before=spec.confirm_before,
-            max_attempts=spec.max_attempts,
-        )
-        for index, spec in enumerate(specs)
-    ]
+    """The steps with one INSERT … RETURNING id per batch of rows (as many as the backend takes
+    parameters for, at most 500): a few hundred statements for a 10,000-step plan on SQLite,
+    20 on PostgreSQL, not 10,000."""
+    created = Step.objects.bulk_create(
+        [
+            Step(
+                task=task,
+                position=at + index,
+                key=spec.key,
+                title=spec.title,
+                tool=spec.tool,
+                args=spec.args,
+                side_effect=spec.side_effect,
+                confirm_before=spec.confirm_before,
+                max_attempts=spec.max_attempts,
+            )
+            for index, spec in enumerate(specs)
+        ],
+        batch_size=500,
+    )
     journal.record(
         EventKind.STEPS_ADDED, task=task, actor=actor, keys=[s.key for s in created], at=at
     )

@@ -139,10 +139,14 @@ class Task(models.Model):
         return f"task {self.pk} {self.title!r}"
 
 
+# Neither done nor failed: the steps still to run (the partial index step_open).
+OPEN_STEP_STATES = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
+
+
 class StepQuerySet(models.QuerySet["Step"]):
     def open(self) -> StepQuerySet:
         """Neither done nor failed: the loop's candidates, in plan order."""
-        return self.exclude(state__in=[StepState.DONE, StepState.FAILED]).order_by("position")
+        return self.filter(state__in=OPEN_STEP_STATES).order_by("position")
 
     def blocked(self) -> StepQuerySet:
         return self.filter(state=StepState.BLOCKED)
@@ -185,7 +189,24 @@ class Step(models.Model):
             models.UniqueConstraint(fields=["task", "key"], name="step_key_unique"),
             models.UniqueConstraint(fields=["task", "position"], name="step_position_unique"),
         ]
-        indexes = [models.Index(fields=["state"], name="step_state")]
+        indexes = [
+            models.Index(fields=["state"], name="step_state"),
+            # A task's first open step, and how many it has left (tick._first_open_steps,
+            # actions.follow, the dashboard's progress and current step): partial, so it holds
+            # only the steps still to run and the lookup never walks a task's done steps.
+            models.Index(
+                fields=["task", "position"],
+                condition=models.Q(state__in=OPEN_STEP_STATES),
+                name="step_open",
+            ),
+            # Whether a task that has nothing left to run failed (actions.follow), and the
+            # dashboard's count of failed steps: failed steps are few.
+            models.Index(
+                fields=["task", "position"],
+                condition=models.Q(state=StepState.FAILED),
+                name="step_failed",
+            ),
+        ]
         permissions = [("confirm_step", "Can answer a blocked step's question")]
 
     def __str__(self) -> str:

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import actions, calls, effects, guard, journal, lease, questions, rows, tools
+from . import actions, calls, effects, guard, journal, lease, open_steps, questions, rows, tools
 from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
@@ -497,20 +497,9 @@ def _effect_steps(batch: Sequence[Begun | Deferred | None]) -> int:
 
 
 def _first_open_steps(task_ids: list[int]) -> dict[int, Step]:
-    """Each task's first step that is neither done nor failed, in plan order (index
-    step_position_unique), with one statement."""
-    if not task_ids:
-        return {}
-    marks = ", ".join("%s" for _ in task_ids)
-    table = Step._meta.db_table
-    found = rows.load_all(  # only constant fragments are formatted in
-        Step,
-        f"task_id IN ({marks}) AND state NOT IN (%s, %s) AND position = ("  # noqa: S608
-        f"SELECT MIN(o.position) FROM {table} o "
-        f"WHERE o.task_id = {table}.task_id AND o.state NOT IN (%s, %s))",
-        [*task_ids, StepState.DONE, StepState.FAILED, StepState.DONE, StepState.FAILED],
-    )
-    return {step.task_id: step for step in found}
+    """Each task's first step that is neither done nor failed, in plan order, with one
+    statement through the partial index step_open: bounded, however long the task's history."""
+    return open_steps.first_open(task_ids)
 
 
 def _live(effect: Effect, now: datetime) -> bool:

@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 )
 
 from loop import actions, lease, plans
-from loop.models import EffectState, Event, Step, StepState, Task, TaskState
+from loop.models import OPEN_STEP_STATES, EffectState, Event, Step, StepState, Task, TaskState
 from loop.permissions import SYSTEM
 from loop.runner import Runner
 from loop.states import EFFECT, STEP, TASK, IllegalTransition, Machine
@@ -289,7 +289,7 @@ class LoopMachine(RuleBasedStateMachine):
     @invariant()
     def no_task_is_done_with_an_open_step(self) -> None:
         done_with_open = Task.objects.filter(
-            state=TaskState.DONE, steps__state__in=actions.OPEN_STEP_STATES
+            state=TaskState.DONE, steps__state__in=OPEN_STEP_STATES
         )
         assert not done_with_open.exists()
         unsettled = Step.objects.filter(task__state=TaskState.DONE, waived=False).exclude(

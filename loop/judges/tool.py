@@ -93,10 +93,14 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Send:
 def resolved_args(step: Step) -> dict[str, Any]:
     """The step's args, their `${key.path}` references filled from earlier steps' outputs
     (ToolError if one cannot be)."""
-    if not plans.references(step.args):
+    keys = plans.references(step.args)
+    if not keys:
         return step.args
+    # Only the steps named, through the index step_key_unique (task, key): never the whole plan.
     outputs = dict(
-        Step.objects.filter(task_id=step.task_id, state=StepState.DONE).values_list("key", "output")
+        Step.objects.filter(
+            task_id=step.task_id, key__in=sorted(keys), state=StepState.DONE
+        ).values_list("key", "output")
     )
     return plans.resolve(step.args, outputs)
 

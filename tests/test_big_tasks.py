@@ -1,0 +1,181 @@
+"""Big tasks: a step costs the same whether its task has 10 steps or 10,000, and however many
+big tasks run together. The lookups a step needs go through indexes (the plans show it on
+SQLite and PostgreSQL), and the work per step — statements, and on SQLite the database
+engine's own instructions — does not grow with the task's history. No timings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from loop import actions, open_steps
+from loop.judges import tool as tool_judge
+from loop.models import Event, EventKind, Step, StepState, Task, TaskState
+from loop.runner import Runner
+
+from .conftest import make_task, run_until_idle, step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def big_task(count: int, title: str = "big") -> Task:
+    return make_task(*(step(f"s{n}") for n in range(count)), title=title)
+
+
+def plan_of(sql: str) -> str:
+    """The database's plan for `sql`, as text."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            return "\n".join(str(row[-1]) for row in cursor.fetchall())
+        cursor.execute(f"EXPLAIN {sql}")
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def full_scans_of_steps(plan: str) -> list[str]:
+    """Lines of the plan that read loop_step without an index (or the primary key)."""
+    if connection.vendor == "sqlite":
+        # "SCAN loop_step" / "SCAN o": a scan; "SEARCH … USING INDEX": a seek.
+        return [line for line in plan.splitlines() if re.search(r"\bSCAN (loop_step|o)\b", line)]
+    return [line for line in plan.splitlines() if "Seq Scan on loop_step" in line]
+
+
+def statements_of(action: Any) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return [q["sql"] for q in captured.captured_queries if "loop_step" in q["sql"]]
+
+
+@pytest.fixture
+def half_done() -> Task:
+    """A 2,000-step task whose first 1,990 steps are done (set up directly: the plans of the
+    lookups, not the loop, are what these tests look at), next to a second such task."""
+    tasks = [big_task(2000, title="first"), big_task(2000, title="second")]
+    for task in tasks:
+        Step.objects.filter(task=task, position__lt=1990).update(state=StepState.DONE)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE loop_step")
+    return tasks[0]
+
+
+def test_next_open_step_lookup_seeks_the_open_steps_index(half_done: Task) -> None:
+    other = Task.objects.exclude(pk=half_done.pk).get()
+    [sql] = statements_of(lambda: open_steps.first_open([half_done.pk, other.pk]))
+    plan = plan_of(sql)
+    assert "step_open" in plan, plan
+    assert not full_scans_of_steps(plan), plan
+    found = open_steps.first_open([half_done.pk, other.pk])
+    assert [found[t].key for t in (half_done.pk, other.pk)] == ["s1990", "s1990"]
+
+
+def test_following_a_task_reads_no_done_steps(half_done: Task) -> None:
+    """follow() (after every chain of steps and at the task's end), the failed-step check
+    and the dashboard's counts: each statement seeks an index."""
+    Step.objects.filter(task=half_done, position__gte=1990).update(state=StepState.DONE)
+    Step.objects.filter(task=half_done, position=5).update(state=StepState.FAILED)
+
+    def follow() -> None:
+        with transaction.atomic():
+            actions.follow(Task.objects.get(pk=half_done.pk), actor="test")
+
+    statements = statements_of(follow) + statements_of(lambda: open_steps.counts([half_done.pk]))
+    assert len(statements) == 5, statements
+    for sql in statements:
+        plan = plan_of(sql)
+        assert not full_scans_of_steps(plan), (sql, plan)
+    assert Task.objects.get(pk=half_done.pk).state == TaskState.FAILED  # s5 failed, not waived
+    assert open_steps.counts([half_done.pk]) == {half_done.pk: (1999, 2000)}
+
+
+def test_a_reference_reads_only_the_steps_it_names(half_done: Task) -> None:
+    later = Step.objects.get(task=half_done, key="s1995")
+    later.args = {"value": "${s7.value} and ${s8.value}"}
+    Step.objects.filter(task=half_done, position__lt=1990).update(output={"value": "v"})
+    [sql] = statements_of(lambda: tool_judge.resolved_args(later))
+    assert not full_scans_of_steps(plan_of(sql)), plan_of(sql)
+    assert tool_judge.resolved_args(later) == {"value": "v and v"}
+
+
+def test_creating_a_big_task_inserts_its_steps_in_bulk(db: None) -> None:
+    with CaptureQueriesContext(connection) as captured:
+        task = big_task(2000)
+    inserts = [q for q in captured.captured_queries if q["sql"].startswith("INSERT")]
+    # Rows go in batches as large as the backend takes (SQLite: 999 parameters, ~50 steps).
+    assert len(inserts) < 60, len(inserts)
+    assert list(task.steps.order_by("position").values_list("key", flat=True)) == [
+        f"s{n}" for n in range(2000)
+    ]
+    assert all(s.pk for s in Step.objects.filter(task=task))
+
+
+@contextmanager
+def engine_work() -> Iterator[list[int]]:
+    """On SQLite, the database engine's virtual-machine instructions run inside the block (in
+    hundreds): the work its statements did, whatever their number."""
+    done = [0]
+    if connection.vendor != "sqlite":
+        yield done
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+
+    def tick() -> int:
+        done[0] += 1
+        return 0
+
+    raw.set_progress_handler(tick, 100)
+    try:
+        yield done
+    finally:
+        raw.set_progress_handler(None, 0)
+
+
+def run_two(count: int, settings: Any) -> tuple[float, float]:
+    """Two `count`-step echo tasks run together by an in-process worker, to the end: the
+    statements and the engine's work (SQLite) per step."""
+    settings.LOOP_CHAIN_SECONDS = 3600  # one chain to the end: no timing in the counts
+    tasks = [big_task(count, title="one"), big_task(count, title="two")]
+    runner = Runner(label="test", batch=8)
+    runner.boot()
+    statements = [0]
+
+    def counted(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counted), engine_work() as work:
+        run_until_idle(runner)
+    for task in tasks:
+        task.refresh_from_db()
+        assert task.state == TaskState.DONE
+        steps = list(task.steps.order_by("position"))
+        assert [s.output for s in steps] == [{"value": f"s{n}"} for n in range(count)]
+        assert {(s.state, s.attempts) for s in steps} == {(StepState.DONE, 1)}
+        done_events = Event.objects.filter(task=task, kind=EventKind.STEP_DONE).count()
+        assert done_events == count
+    steps = 2 * count
+    return statements[0] / steps, work[0] * 100 / steps
+
+
+def test_two_big_tasks_run_with_the_same_work_per_step_as_small_ones(
+    settings: Any, django_db_blocker: Any
+) -> None:
+    small_queries, small_work = run_two(10, settings)
+    Task.objects.all().delete()
+    big_queries, big_work = run_two(2000, settings)
+    # A small task's per-step share of its claim and its end is the larger: the big task's
+    # steps may cost no more than the small one's.
+    print(
+        f"per step: {small_queries:.2f} / {big_queries:.2f} statements, "
+        f"{small_work:.0f} / {big_work:.0f} SQLite instructions (10 / 2,000 steps)"
+    )
+    assert big_queries <= small_queries, (big_queries, small_queries)
+    if connection.vendor == "sqlite":
+        assert big_work <= small_work * 1.5, (big_work, small_work)
