@@ -37,8 +37,10 @@ def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
     }
 
 
-def step_dict(step: Step) -> dict[str, Any]:
-    effects = list(step.effects.order_by("created_at"))
+def step_dict(step: Step, effects: list[Effect] | None = None) -> dict[str, Any]:
+    """The step with its effects (read here unless the caller read them already)."""
+    if effects is None:
+        effects = list(step.effects.order_by("created_at"))
     return {
         "id": step.pk,
         "key": step.key,
@@ -62,11 +64,17 @@ def task_summary(task: Task) -> dict[str, Any]:
 
 
 def task_dict(task: Task) -> dict[str, Any]:
+    """The whole task: three statements (its steps, its effects, its events), whatever its
+    length."""
+    steps = list(task.steps.order_by("position"))
+    by_step: dict[int, list[Effect]] = {}
+    for effect in Effect.objects.filter(task=task).order_by("created_at"):
+        by_step.setdefault(effect.step_id, []).append(effect)
     return {
         **task_summary(task),
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
-        "steps": [step_dict(s) for s in task.steps.order_by("position")],
+        "steps": [step_dict(s, by_step.get(s.pk, [])) for s in steps],
         "events": [event_dict(e) for e in Event.objects.filter(task=task).order_by("id")],
     }
 

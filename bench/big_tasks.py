@@ -1,0 +1,280 @@
+"""Big tasks: does a step cost the same late in a 10,000-step task as early on, with several
+such tasks running together, and does the API stay quick meanwhile?
+
+    .venv/bin/python bench/big_tasks.py [--steps 10000] [--tasks 4] [--database-url URL]
+
+On a fresh SQLite file (or the PostgreSQL database given, which it migrates and adds to), it
+creates `--tasks` echo tasks of `--steps` steps (timing each creation), starts one real
+`runloop` and a real daphne, and while the worker runs the tasks, an agent (token from
+`manage.py agent_token`) keeps asking the API: GET /api/tasks/{id} of a small task, POST
+pause / resume of that task (its one step asks "May I do this?", so it only flips between
+blocked, paused and running), and GET /api/events?after=… (the newest events). A GET of a big
+task (its whole plan, by contract) is sampled now and then, and reported apart.
+
+Per-step time is read afterwards from the journal: each task's step_done events, the mean
+interval over a window of 100 steps around step 100 and around 90% of the plan (step 9,000),
+per task (the tasks share the worker, so a task's step interval is the batch's commit
+interval) and their ratio (target <= 1.2). API latency: p50 / p95 per request kind (target
+p95 < 200 ms). The machine's load at the start and end is printed, since figures on a shared
+machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = str(ROOT / ".venv/bin/python")
+
+SETUP = """
+import json, sys, time
+from django.contrib.auth.models import Permission, User
+from loop import actions, plans
+steps, tasks = int(sys.argv[-2]), int(sys.argv[-1])
+user = User.objects.create_user("bench", password="bench-password-1")
+user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
+big, took = [], []
+for n in range(tasks):
+    plan = {"title": f"big {n}", "steps": [
+        {"key": f"s{i}", "tool": "echo", "args": {"value": i}} for i in range(steps)]}
+    began = time.perf_counter()
+    big.append(actions.create_task(plan=plans.validate(plan), actor="bench").pk)
+    took.append(time.perf_counter() - began)
+small = actions.create_task(plan=plans.validate({"title": "small", "steps": [
+    {"key": "ask", "tool": "file.write", "args": {"path": "bench.txt", "content": "x"},
+     "confirm_before": True}]}), actor="bench").pk
+print(json.dumps({"big": big, "small": small, "create_seconds": took}))
+"""
+PROGRESS = """
+import json, sys
+from loop.models import Event, Step, Task
+ids = json.loads(sys.argv[-1])
+done = Step.objects.filter(task_id__in=ids, state="done").count()
+states = sorted(set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)))
+top = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
+print(json.dumps({"done": done, "states": states, "last_event": top}))
+"""
+TIMES = """
+import json, sys
+from loop.models import Event
+ids = json.loads(sys.argv[-1])
+out = {}
+for task in ids:
+    rows = Event.objects.filter(task_id=task, kind="step_done").order_by("id")
+    out[task] = [at.timestamp() for at in rows.values_list("created_at", flat=True)]
+print(json.dumps(out))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def django(env: dict[str, str], code: str, *args: str) -> str:
+    script = "import django; django.setup()\n" + code
+    out = subprocess.run(
+        [PY, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+class Agent:
+    """The API client: one request at a time, each on a fresh connection, timed."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port = port
+        self.token = token
+        self.samples: dict[str, list[float]] = {}
+        self.statuses: dict[str, dict[int, int]] = {}
+
+    def call(self, kind: str, method: str, path: str) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if method == "POST":
+            headers["Idempotency-Key"] = uuid.uuid4().hex
+        began = time.perf_counter()
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request(method, path, body=b"" if method == "POST" else None, headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        self.samples.setdefault(kind, []).append((time.perf_counter() - began) * 1000)
+        counts = self.statuses.setdefault(kind, {})
+        counts[response.status] = counts.get(response.status, 0) + 1
+        return json.loads(body) if body else None
+
+    def keep_asking(self, small: int, big: int, stop: threading.Event) -> None:
+        after = 0
+        n = 0
+        while not stop.is_set():
+            n += 1
+            self.call("GET /api/tasks/{small}", "GET", f"/api/tasks/{small}")
+            state = self.call("POST pause|resume {small}", "POST", f"/api/tasks/{small}/pause")
+            if isinstance(state, dict) and state.get("state") == "paused":
+                self.call("POST pause|resume {small}", "POST", f"/api/tasks/{small}/resume")
+            events = self.call("GET /api/events?after=", "GET", f"/api/events?after={after}")
+            if isinstance(events, dict) and events.get("last"):
+                after = max(0, int(events["last"]) - 50)  # a reader that keeps up
+            if n % 20 == 0:
+                self.call("GET /api/tasks/{big} (whole plan)", "GET", f"/api/tasks/{big}")
+            stop.wait(0.05)
+
+
+def window_interval(times: list[float], at: int, width: int = 100) -> float:
+    """Mean seconds between a task's consecutive step_done events over `width` steps around
+    step `at` (1-based)."""
+    lo = max(0, at - width // 2)
+    hi = min(len(times) - 1, lo + width)
+    return (times[hi] - times[lo]) / (hi - lo)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, round(p * len(ordered)) - 1)]
+
+
+def run(args: argparse.Namespace) -> int:
+    data = Path(tempfile.mkdtemp(prefix="pippa-bench-big-"))
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="pippa_site.settings",
+        PIPPA_DATA_DIR=str(data),
+        DATABASE_URL=args.database_url or f"sqlite:///{data / 'pippa.sqlite3'}",
+        LOOP_FILE_ROOT=str(data / "files"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("REDIS_URL", None)
+    manage = [PY, str(ROOT / "manage.py")]
+    print(f"data: {data}  database: {env['DATABASE_URL']}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    made = json.loads(django(env, SETUP, str(args.steps), str(args.tasks)))
+    big, small = made["big"], made["small"]
+    secs = ", ".join(f"{s:.2f}" for s in made["create_seconds"])
+    print(f"created {args.tasks} tasks of {args.steps} steps: {secs} s each")
+    token = subprocess.run(
+        [*manage, "agent_token", "bench", "--user", "bench"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()[-1]
+
+    port = free_port()
+    log = open(data / "server.log", "ab")  # noqa: SIM115
+    daphne = subprocess.Popen(
+        [str(ROOT / ".venv/bin/daphne"), "-b", "127.0.0.1", "-p", str(port)]
+        + ["pippa_site.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    for _ in range(400):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    agent = Agent(port, token)
+    stop = threading.Event()
+    asker = threading.Thread(target=agent.keep_asking, args=(small, big[0], stop), daemon=True)
+    worker = subprocess.Popen(
+        [*manage, "runloop", "--worker-id", "bench"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    began = time.monotonic()
+    total = args.steps * args.tasks
+    asker.start()
+    try:
+        while True:
+            time.sleep(2)
+            now = json.loads(django(env, PROGRESS, json.dumps(big)))
+            elapsed = time.monotonic() - began
+            print(f"  {elapsed:6.1f} s: {now['done']} of {total} steps done")
+            if now["states"] == ["done"]:
+                break
+            if elapsed > args.timeout:
+                print(f"gave up after {args.timeout} s")
+                return 1
+            if worker.poll() is not None:
+                print(f"the worker exited ({worker.returncode}); see {data / 'server.log'}")
+                return 1
+    finally:
+        stop.set()
+        asker.join(timeout=70)
+        worker.terminate()
+        daphne.terminate()
+        worker.wait(30)
+        daphne.wait(30)
+    elapsed = time.monotonic() - began
+    print(f"ran {total} steps in {elapsed:.1f} s ({total / elapsed:.0f} steps/s overall)")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+    times = json.loads(django(env, TIMES, json.dumps(big)))
+    early_at, late_at = min(100, args.steps // 10), args.steps * 9 // 10
+    print(
+        f"per-step interval of each task (mean over 100 steps around step {early_at} / {late_at}):"
+    )
+    ratios = []
+    for task in big:
+        stamps = times[str(task)]
+        early = window_interval(stamps, early_at)
+        late = window_interval(stamps, late_at)
+        ratios.append(late / early)
+        print(
+            f"  task {task}: {early * 1000:6.2f} ms / {late * 1000:6.2f} ms  "
+            f"ratio {late / early:.2f}"
+        )
+    print(f"ratio late/early: median {statistics.median(ratios):.2f} (target <= 1.2)")
+    print("API latency while the tasks ran (ms):")
+    for kind, samples in agent.samples.items():
+        codes = ", ".join(f"{c}x{n}" for c, n in sorted(agent.statuses[kind].items()))
+        print(
+            f"  {kind:<36} n={len(samples):<5} p50={statistics.median(samples):7.1f}  "
+            f"p95={percentile(samples, 0.95):7.1f}  max={max(samples):7.1f}  [{codes}]"
+        )
+    small_kinds = [k for k in agent.samples if "whole plan" not in k]
+    all_small = [s for k in small_kinds for s in agent.samples[k]]
+    if all_small:
+        print(
+            f"  p95 of the small requests together: {percentile(all_small, 0.95):.1f} ms "
+            "(target < 200)"
+        )
+    command = f".venv/bin/python bench/big_tasks.py --steps {args.steps} --tasks {args.tasks}"
+    if args.database_url:
+        command += f" --database-url {args.database_url}"
+    print(f"reproduce: {command}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000, help="steps per task")
+    parser.add_argument("--tasks", type=int, default=4, help="big tasks run together")
+    parser.add_argument("--database-url", default="", help="PostgreSQL instead of a fresh SQLite")
+    parser.add_argument("--timeout", type=float, default=900, help="give up after this (s)")
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
