@@ -22,9 +22,12 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from . import actions, calls, plans, tools
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
+from .pages import context
 from .pages.login import AdminLoginForm
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
@@ -123,6 +126,26 @@ class StepForm(forms.ModelForm):
 
 
 class StepFormSet(BaseInlineFormSet):
+    """The task's steps as forms: a window of them (a 10,000-step task is not 10,000 forms).
+    Drawn, the window around the current step (or from `?steps_from=POSITION`); posted, the
+    steps whose ids the form carried, so a loop that moved on meanwhile shifts nothing."""
+
+    window: tuple[int, int] | None = None  # positions [from, to) to draw; set per request
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.queryset is not None  # the inline's steps of this task
+        if self.is_bound:
+            total = self.data.get(f"{self.prefix}-TOTAL_FORMS", "0")
+            ids = [
+                self.data.get(f"{self.prefix}-{n}-id", "")
+                for n in range(int(total) if str(total).isdigit() else 0)
+            ]
+            self.queryset = self.queryset.filter(pk__in=[int(i) for i in ids if i.isdigit()])
+        elif self.window is not None:
+            low, high = self.window
+            self.queryset = self.queryset.filter(position__gte=low, position__lt=high)
+
     def clean(self) -> None:
         super().clean()
         moved = [f for f in self.forms if isinstance(f, StepForm) and "position" in f.changes()]
@@ -163,6 +186,31 @@ class StepInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # new steps come through "add steps" (dashboard, API), never half-made here
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        """This request's formset class (and this inline, made for this request too) drawing
+        the window of steps; the heading says which and links to the neighbouring ones."""
+        formset = super().get_formset(request, obj, **kwargs)
+        if isinstance(obj, Task):
+            start = request.GET.get("steps_from", "")
+            window = context.step_window(obj, int(start) if start.isdigit() else None)
+            if window.steps:
+                ours: Any = formset
+                ours.window = (window.steps[0].position, window.steps[-1].position + 1)
+            links = [("all steps on the task page", reverse("loop:task", args=[obj.pk]))]
+            if window.earlier is not None:
+                links.append(("earlier", f"?steps_from={window.earlier}"))
+            if window.later is not None:
+                links.append(("later", f"?steps_from={window.later}"))
+            self.verbose_name_plural = format_html(
+                "steps {}–{} of {} ({} done) · {}",
+                window.first,
+                window.last,
+                window.total,
+                window.done,
+                format_html_join(" · ", '<a href="{1}">{0}</a>', links),
+            )
+        return formset
 
 
 @admin.register(Task)

@@ -36,7 +36,7 @@ from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.template.loader import render_to_string
 
-from . import journal, timeline
+from . import journal, open_steps, timeline
 from .models import Event, EventKind, Task
 from .pages import context
 
@@ -145,19 +145,23 @@ def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str
     head = context.task_head(task, can_act=topic.can_act)
     message["swaps"].append(_swap("task-head", "loop/task.html#task-head", head))
     kinds = {e.kind for e in events}
-    if full or kinds & PLAN_CHANGES:
-        steps = context.step_views(task)
-        message["swaps"].append(_swap("steps", "loop/task.html#steps", {**base, "steps": steps}))
+    window = (
+        context.step_window(task) if full or kinds & (PLAN_CHANGES | timeline.LIFECYCLE) else None
+    )
+    if window is not None and (full or kinds & PLAN_CHANGES):
+        steps = context.step_views(task, window=window)
+        ctx = {**base, "steps": steps, "window": window}
+        message["swaps"].append(_swap("steps", "loop/task.html#steps", ctx))
     else:
         touched = {e.step_id for e in events if e.step_id}
-        current = task.steps.open().values_list("pk", flat=True).first()
+        current = open_steps.first_open([task.pk]).get(task.pk)
         if touched and current:
-            touched.add(current)
+            touched.add(current.pk)
         for view in context.step_views(task, only=touched) if touched else []:
             ctx = {**base, "view": view}
             message["swaps"].append(_swap(f"step-{view.step.pk}", "loop/task.html#step-card", ctx))
-    if full or kinds & timeline.LIFECYCLE:
-        ctx = {**base, "timeline": context.task_timeline(task)}
+    if window is not None and (full or kinds & timeline.LIFECYCLE):
+        ctx = {**base, "timeline": context.task_timeline(task, window)}
         message["swaps"].append(_swap("timeline", "loop/task.html#timeline", ctx))
     shown = events[-REPLAY_ROWS:]
     for row in context.journal_rows(shown):

@@ -179,3 +179,89 @@ def test_two_big_tasks_run_with_the_same_work_per_step_as_small_ones(
     assert big_queries <= small_queries, (big_queries, small_queries)
     if connection.vendor == "sqlite":
         assert big_work <= small_work * 1.5, (big_work, small_work)
+
+
+# ---- what people see of a big task ---------------------------------------------------------
+
+
+def _page_statements(client: Any, url: str) -> tuple[Any, int]:
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    return response, len(captured.captured_queries)
+
+
+def test_the_task_page_shows_a_window_of_a_big_task_around_its_current_step(
+    dad: Any, half_done: Task
+) -> None:
+    from django.test import Client
+
+    from loop.pages.context import STEP_WINDOW
+
+    client = Client()
+    client.force_login(dad)
+    small = big_task(3, title="small")
+    _, small_statements = _page_statements(client, f"/tasks/{small.pk}")
+    response, statements = _page_statements(client, f"/tasks/{half_done.pk}")
+    assert response.status_code == 200
+    html = response.content.decode()
+    cards = re.findall(r'<li class="step state-\w+( current)?" id="step-(\d+)"', html)
+    assert 0 < len(cards) <= STEP_WINDOW
+    current = Step.objects.get(task=half_done, key="s1990")
+    assert (" current", str(current.pk)) in cards
+    assert "of 2000 · 1990 done" in html
+    assert 'rel="prev"' in html and 'rel="next"' not in html  # s1980-s1999: the end
+    assert statements <= small_statements + 2, (statements, small_statements)
+
+    # Earlier windows, by position; a position that is no number is a 400.
+    earlier = client.get(f"/tasks/{half_done.pk}?from=0")
+    first_cards = re.findall(r'id="step-(\d+)" data-state="(\w+)"', earlier.content.decode())
+    assert len(first_cards) == STEP_WINDOW
+    assert {state for _, state in first_cards} == {"done"}
+    assert "steps 1–50 of 2000" in earlier.content.decode()
+    assert 'href="?from=50#steps" rel="next"' in earlier.content.decode()
+    assert client.get(f"/tasks/{half_done.pk}?from=x").status_code == 400
+
+
+def test_the_home_page_counts_a_big_task_without_reading_it(dad: Any, half_done: Task) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(dad)
+    response, statements = _page_statements(client, "/")
+    html = response.content.decode()
+    assert html.count("1990 of 2000 steps done") == 2  # both big tasks
+    assert "s1990" in html
+    with CaptureQueriesContext(connection) as captured:
+        client.get("/")
+    for query in captured.captured_queries:
+        if "loop_step" in query["sql"]:
+            assert not full_scans_of_steps(plan_of(query["sql"])), query["sql"]
+
+
+def test_the_admin_draws_a_window_of_step_forms_and_saves_within_it(half_done: Task) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from loop.pages.context import STEP_WINDOW
+
+    from .test_admin_plan_edits import FormFields, form_index
+
+    staff = User.objects.create_superuser("staff", "staff@localhost", "staff-password-1")
+    client = Client()
+    client.force_login(staff)
+    response = client.get(f"/admin/loop/task/{half_done.pk}/change/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    parser = FormFields()
+    parser.feed(html)
+    form = parser.data
+    ids = [v for k, v in form.items() if k.endswith("-id")]
+    assert 0 < len(ids) <= STEP_WINDOW
+    assert "of 2000 (1990 done)" in html and "?steps_from=" in html
+    later = Step.objects.get(task=half_done, key="s1995")
+    n = form_index(form, later)
+    form[f"steps-{n}-title"] = "edited in a window"
+    saved = client.post(f"/admin/loop/task/{half_done.pk}/change/", form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    assert Step.objects.get(pk=later.pk).title == "edited in a window"
+    assert Event.objects.filter(kind=EventKind.STEP_EDITED, step=later).count() == 1

@@ -13,12 +13,13 @@ from typing import Any
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import health, lease, questions, timeline
+from .. import health, lease, open_steps, questions, timeline
 from ..models import Effect, Event, QuestionKind, Step, StepState, Task, TaskState
 
 ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
 FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 JOURNAL_ROWS = 200
+STEP_WINDOW = 50  # steps a task page shows at once
 RECENT = 8
 
 
@@ -113,18 +114,14 @@ def needs_you() -> list[Question]:
 
 
 def progress() -> list[Progress]:
+    """Each active task's steps done of total and its current step: a few statements for all
+    of them, through indexes (open_steps), never a read of their plans."""
     tasks = list(Task.objects.filter(state__in=ACTIVE).order_by("-id"))
-    steps: dict[int, list[Step]] = {t.pk: [] for t in tasks}
-    for step in Step.objects.filter(task_id__in=list(steps)).order_by("position"):
-        steps[step.task_id].append(step)
+    ids = [t.pk for t in tasks]
+    counts = open_steps.counts(ids)
+    current = open_steps.first_open(ids)
     holders = lease.holders(tasks)
-    rows = []
-    for task in tasks:
-        plan = steps[task.pk]
-        current = next((s for s in plan if s.state not in (StepState.DONE, StepState.FAILED)), None)
-        done = sum(1 for s in plan if s.state == StepState.DONE or s.waived)
-        rows.append(Progress(task, done, len(plan), current, holders.get(task.pk)))
-    return rows
+    return [Progress(t, *counts[t.pk], current.get(t.pk), holders.get(t.pk)) for t in tasks]
 
 
 def recent() -> list[Task]:
@@ -156,18 +153,88 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
     )
 
 
-def step_views(task: Task, only: set[int] | None = None) -> list[StepView]:
-    """Every step of the task in plan order, or only the steps with ids in `only`."""
-    current = task.steps.open().values_list("pk", flat=True).first()
-    chosen = list(task.steps.order_by("position"))
-    if only is not None:
-        chosen = (
-            [s for s in chosen if s.pk in only]
-            if len(only) > 50
-            else list(task.steps.filter(pk__in=only).order_by("position"))
+@dataclass
+class Window:
+    """The steps a task page shows: at most STEP_WINDOW of them, from a chosen position or
+    around the current step, with the task's counts and where the neighbouring windows begin."""
+
+    steps: list[Step]
+    current: Step | None
+    before: int  # how many steps come before the first one shown
+    done: int
+    total: int
+    failed: int
+    earlier: int | None  # the position the previous window starts at, if any
+    later: int | None  # the position the next window starts at, if any
+
+    @property
+    def first(self) -> int:
+        """The 1-based number of the first step shown."""
+        return self.before + 1
+
+    @property
+    def last(self) -> int:
+        return self.before + len(self.steps)
+
+    @property
+    def around_current(self) -> bool:
+        return self.current is not None and any(s.pk == self.current.pk for s in self.steps)
+
+
+def step_window(task: Task, start: int | None = None) -> Window:
+    """The window of the task page: STEP_WINDOW steps from position `start`, or (by default)
+    from a few before the current step. Every read seeks an index on (task, position)."""
+    current = open_steps.first_open([task.pk]).get(task.pk)
+    plan = task.steps.order_by("position")
+    if start is None:
+        anchor = current.position if current else None
+        if anchor is None:  # finished: the end of the plan
+            last = plan.values_list("position", flat=True).last()
+            anchor = last if last is not None else 0
+        back = list(
+            plan.filter(position__lt=anchor)
+            .order_by("-position")
+            .values_list("position", flat=True)[: STEP_WINDOW // 5 if current else STEP_WINDOW - 1]
         )
+        start = back[-1] if back else anchor
+    steps = list(plan.filter(position__gte=start)[:STEP_WINDOW])
+    first = steps[0].position if steps else start
+    earlier = list(
+        plan.filter(position__lt=first)
+        .order_by("-position")
+        .values_list("position", flat=True)[:STEP_WINDOW]
+    )
+    after = steps[-1].position if steps else first
+    later = plan.filter(position__gt=after).values_list("position", flat=True).first()
+    done, total = open_steps.counts([task.pk])[task.pk]
+    failed = task.steps.filter(state=StepState.FAILED).count()  # step_failed: failures are few
+    before = plan.filter(position__lt=first).count()  # an index-only count
+    return Window(
+        steps=steps,
+        current=current,
+        before=before,
+        done=done,
+        total=total,
+        failed=failed,
+        earlier=earlier[-1] if earlier else None,
+        later=later,
+    )
+
+
+def step_views(
+    task: Task, only: set[int] | None = None, window: Window | None = None
+) -> list[StepView]:
+    """The steps of the page's window (around the current one unless `window` is given), or
+    only the steps with ids in `only`; with their effects."""
+    if only is not None:
+        current = open_steps.first_open([task.pk]).get(task.pk)
+        chosen = list(task.steps.filter(pk__in=only).order_by("position"))
+    else:
+        window = window or step_window(task)
+        current, chosen = window.current, window.steps
     effects = _effects_by_step([s.pk for s in chosen])
-    return [step_view(s, effects[s.pk], current=s.pk == current) for s in chosen]
+    current_id = current.pk if current else None
+    return [step_view(s, effects[s.pk], current=s.pk == current_id) for s in chosen]
 
 
 @dataclass
@@ -196,13 +263,18 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def task_timeline(task: Task) -> timeline.Timeline:
-    steps = list(task.steps.order_by("position").values_list("pk", "key"))
+def task_timeline(task: Task, window: Window | None = None) -> timeline.Timeline:
+    """The timeline of the window's steps (around the current one unless given): their
+    lifecycle events are read by step (index loop_event_step_id), not the task's journal."""
+    window = window or step_window(task)
+    steps = [(s.pk, s.key) for s in window.steps]
     marks = (
         timeline.Mark(kind, step_id, at, actor)
         for kind, step_id, at, actor in Event.objects.filter(
-            task=task, kind__in=timeline.LIFECYCLE
-        ).values_list("kind", "step_id", "created_at", "actor")
+            step_id__in=[pk for pk, _ in steps], kind__in=timeline.LIFECYCLE
+        )
+        .order_by("id")
+        .values_list("kind", "step_id", "created_at", "actor")
     )
     return timeline.build(steps, marks, timezone.now())
 
@@ -212,18 +284,17 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     return {"can_act": can_act, "task": task, "holder": lease.holder(task)}
 
 
-def task_page(task: Task, *, can_act: bool) -> dict[str, Any]:
+def task_page(task: Task, *, can_act: bool, start: int | None = None) -> dict[str, Any]:
     events = list(Event.objects.filter(task=task).order_by("-id")[:JOURNAL_ROWS])
+    window = step_window(task, start)
     return {
         **task_head(task, can_act=can_act),
-        "steps": step_views(task),
+        "window": window,
+        "steps": step_views(task, window=window),
         "journal": journal_rows(events),
-        "timeline": task_timeline(task),
+        "timeline": task_timeline(task, window),
         "waiting": waiting_count(),
-        "open_keys": list(
-            task.steps.filter(state=StepState.PENDING)
-            .order_by("position")
-            .values_list("key", flat=True)
-        ),
-        "all_keys": list(task.steps.order_by("position").values_list("key", flat=True)),
+        # "Add steps after": the steps shown that nothing after has started yet may be chosen;
+        # the form checks a posted key against the whole plan.
+        "all_keys": [s.key for s in window.steps],
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -23,9 +23,10 @@ def _page(
     add_form: AddStepsForm | None = None,
     supersede_form: PlanForm | None = None,
     status: int = 200,
+    start: int | None = None,
 ) -> HttpResponse:
     last = context.last_event_id()
-    page = context.task_page(task, can_act=can_act(request))
+    page = context.task_page(task, can_act=can_act(request), start=start)
     return render(
         request,
         "loop/task.html",
@@ -44,7 +45,13 @@ def _page(
 @login_required
 @require_http_methods(["GET", "HEAD"])
 def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
-    return _page(request, get_object_or_404(Task, pk=task_id))
+    """`?from=POSITION` shows the window of steps that begins there (default: around the
+    current step)."""
+    task = get_object_or_404(Task, pk=task_id)
+    start = request.GET.get("from")
+    if start is not None and not start.isdigit():
+        return HttpResponseBadRequest("from: a step position (a whole number)")
+    return _page(request, task, start=int(start) if start is not None else None)
 
 
 @require_POST
