@@ -133,7 +133,27 @@ class Agent:
                 after = max(0, int(events["last"]) - 50)  # a reader that keeps up
             if n % 20 == 0:
                 self.call("GET /api/tasks/{big} (whole plan)", "GET", f"/api/tasks/{big}")
+            if self.sqlite:
+                self.lock_wait()
             stop.wait(0.05)
+
+    sqlite: str = ""  # the database file, to time the write lock's wait alone
+
+    def lock_wait(self) -> None:
+        """Where a small POST's time goes on SQLite: how long a connection of its own waits
+        for the write lock (BEGIN IMMEDIATE, then ROLLBACK), as every write request does."""
+        import sqlite3
+
+        conn = sqlite3.connect(self.sqlite, timeout=30, isolation_level=None)
+        try:
+            began = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            waited = (time.perf_counter() - began) * 1000
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        self.samples.setdefault("(SQLite write lock wait)", []).append(waited)
+        self.statuses.setdefault("(SQLite write lock wait)", {}).setdefault(0, 0)
 
 
 def window_interval(times: list[float], at: int, width: int = 100) -> float:
@@ -193,8 +213,15 @@ def run(args: argparse.Namespace) -> int:
                 break
         time.sleep(0.05)
     agent = Agent(port, token)
+    if not args.database_url:
+        agent.sqlite = str(data / "pippa.sqlite3")
     stop = threading.Event()
     asker = threading.Thread(target=agent.keep_asking, args=(small, big[0], stop), daemon=True)
+    if not args.no_api:
+        asker.start()  # daphne warms up (imports, first requests) before the worker starts
+        time.sleep(3)
+        agent.samples.clear()
+        agent.statuses.clear()
     worker = subprocess.Popen(
         [*manage, "runloop", "--worker-id", "bench"],
         cwd=ROOT,
@@ -204,7 +231,6 @@ def run(args: argparse.Namespace) -> int:
     )
     began = time.monotonic()
     total = args.steps * args.tasks
-    asker.start()
     try:
         while True:
             time.sleep(2)
@@ -221,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
                 return 1
     finally:
         stop.set()
-        asker.join(timeout=70)
+        if asker.is_alive():
+            asker.join(timeout=70)
         worker.terminate()
         daphne.terminate()
         worker.wait(30)
@@ -253,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
             f"  {kind:<36} n={len(samples):<5} p50={statistics.median(samples):7.1f}  "
             f"p95={percentile(samples, 0.95):7.1f}  max={max(samples):7.1f}  [{codes}]"
         )
-    small_kinds = [k for k in agent.samples if "whole plan" not in k]
+    small_kinds = [k for k in agent.samples if k.startswith(("GET", "POST")) and "whole" not in k]
     all_small = [s for k in small_kinds for s in agent.samples[k]]
     if all_small:
         print(
@@ -273,6 +300,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=4, help="big tasks run together")
     parser.add_argument("--database-url", default="", help="PostgreSQL instead of a fresh SQLite")
     parser.add_argument("--timeout", type=float, default=900, help="give up after this (s)")
+    parser.add_argument("--no-api", action="store_true", help="no API requests meanwhile")
     return run(parser.parse_args())
 
 
