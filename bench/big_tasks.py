@@ -44,7 +44,7 @@ import json, sys, time
 from django.contrib.auth.models import Permission, User
 from loop import actions, plans
 steps, tasks = int(sys.argv[-2]), int(sys.argv[-1])
-user = User.objects.create_user("bench", password="bench-password-1")
+user, _ = User.objects.get_or_create(username="bench")  # a PostgreSQL database may be reused
 user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
 big, took = [], []
 for n in range(tasks):
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     secs = ", ".join(f"{s:.2f}" for s in made["create_seconds"])
     print(f"created {args.tasks} tasks of {args.steps} steps: {secs} s each")
     token = subprocess.run(
-        [*manage, "agent_token", "bench", "--user", "bench"],
+        [*manage, "agent_token", f"bench-{uuid.uuid4().hex[:8]}", "--user", "bench"],
         cwd=ROOT,
         env=env,
         check=True,
