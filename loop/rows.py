@@ -283,3 +283,24 @@ def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
         obj._state.adding = False
         obj._state.db = conn.alias
     return objs
+
+
+def insert_all(model: type[M], objs: list[M]) -> None:
+    """INSERT these new objects, their primary keys left to the database, with one
+    executemany of one prepared statement (Django's bulk_create compiles every row's values
+    anew: 0.1 ms a row). The objects' pks are not set: read them back by a unique key."""
+    conn = connections["default"]
+    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields if not f.primary_key]
+    names = tuple(f.name for f, _, _ in fields)
+    params = [
+        [
+            v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
+            for f, at, kind in fields
+        ]
+        for obj in objs
+    ]
+    with conn.cursor() as cursor:
+        cursor.executemany(insert_sql(model, names, returning=False), params)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = conn.alias
