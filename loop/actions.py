@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.utils import timezone
 
 from . import calls, journal, open_steps, plans, rows
@@ -138,20 +138,20 @@ def add_steps(
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
             raise Refused(f"can't add steps when the task is {task.state}")
-        existing = list(task.steps.order_by("position"))
-        keys = frozenset(s.key for s in existing)
+        # Only what the checks need (a big plan's outputs and args stay on disk).
+        existing = list(task.steps.order_by("position").values_list("key", "position", "state"))
+        keys = frozenset(key for key, _, _ in existing)
         if after is None:
-            at = (existing[-1].position + 1) if existing else 0
+            at = (existing[-1][1] + 1) if existing else 0
             earlier = keys
         else:
-            anchor = next((s for s in existing if s.key == after), None)
+            anchor = next((position for key, position, _ in existing if key == after), None)
             if anchor is None:
                 raise plans.PlanError([f"after: no step '{after}' in this task"])
-            at = anchor.position + 1
-            later = [s for s in existing if s.position >= at]
-            if any(s.state != StepState.PENDING for s in later):
+            at = anchor + 1
+            if any(state != StepState.PENDING for _, position, state in existing if position >= at):
                 raise Refused(f"after: steps after '{after}' have already started")
-            earlier = frozenset(s.key for s in existing if s.position < at)
+            earlier = frozenset(key for key, position, _ in existing if position < at)
         specs = plans.validate_steps(steps, earlier=earlier)
         clash = sorted(keys & {s.key for s in specs})
         if clash:
@@ -168,16 +168,15 @@ def add_steps(
 
 
 def _shift(task: Task, at: int, count: int) -> None:
-    """Make room at `at`: move later positions past the end first (the unique constraint on
-    (task, position) must hold after every statement), then down into place."""
+    """Make room at `at` with two statements: the later steps first past the end (the unique
+    constraint on (task, position) holds after every row's update, since every new value is
+    above every old one), then down into place, `count` later than they were."""
     top = task.steps.aggregate(top=Max("position"))["top"]
     if top is None or top < at:
         return
-    later = list(task.steps.filter(position__gte=at).order_by("-position"))
-    for offset, step in enumerate(later):
-        Step.objects.filter(pk=step.pk).update(position=top + 1 + count + offset)
-    for step in later:
-        Step.objects.filter(pk=step.pk).update(position=step.position + count)
+    later = task.steps.filter(position__gte=at)
+    later.update(position=F("position") + top + 1 + count)
+    later.update(position=F("position") - top - 1)
 
 
 def _waive_failed(task: Task, *, actor: str) -> bool:

@@ -266,3 +266,19 @@ def test_the_admin_draws_a_window_of_step_forms_and_saves_within_it(half_done: T
     assert saved.status_code == 302, saved.content.decode()[:2000]
     assert Step.objects.get(pk=later.pk).title == "edited in a window"
     assert Event.objects.filter(kind=EventKind.STEP_EDITED, step=later).count() == 1
+
+
+def test_steps_added_in_the_middle_of_a_big_task_move_the_rest_set_wise(db: None) -> None:
+    task = big_task(2000)
+    Step.objects.filter(task=task, position__lt=10).update(state=StepState.DONE)
+    with CaptureQueriesContext(connection) as captured:
+        actions.add_steps(
+            task_id=task.pk, steps=[step("new1"), step("new2")], after="s10", actor="t"
+        )
+    assert len(captured.captured_queries) < 20, len(captured.captured_queries)
+    keys = list(task.steps.order_by("position").values_list("key", flat=True))
+    assert keys[:13] == [*(f"s{n}" for n in range(11)), "new1", "new2"]
+    assert keys[13:] == [f"s{n}" for n in range(11, 2000)]
+    assert list(task.steps.order_by("position").values_list("position", flat=True)) == list(
+        range(2002)
+    )
