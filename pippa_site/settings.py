@@ -119,6 +119,8 @@ def database_from_url(url: str | None) -> dict[str, Any]:
         url = f"sqlite:///{DATA_DIR / 'pippa.sqlite3'}"
     config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
     if config["ENGINE"] == "django.db.backends.sqlite3":
+        # SQLite's own backend, but a writer waiting for the write lock gets its turn.
+        config["ENGINE"] = "pippa_site.sqlite_turns"
         config["OPTIONS"] = {
             # Every connection: WAL so readers never block the writer, and FULL so a
             # committed intent survives a power cut (an intent a power cut can lose is no intent).
