@@ -131,8 +131,9 @@ class Agent:
     sqlite: str = ""  # the database file, to time the write lock's wait alone
 
     def lock_wait(self) -> None:
-        """Where a small POST's time goes on SQLite: how long a connection of its own waits
-        for the write lock (BEGIN IMMEDIATE, then ROLLBACK), as every write request does."""
+        """Where a small POST's time would go on SQLite without turns: how long a plain
+        sqlite3 connection (which does not take turns, see pippa_site/sqlite_turns) waits for
+        the write lock (BEGIN IMMEDIATE, then ROLLBACK)."""
         import sqlite3
 
         conn = sqlite3.connect(self.sqlite, timeout=30, isolation_level=None)
@@ -143,8 +144,8 @@ class Agent:
             conn.execute("ROLLBACK")
         finally:
             conn.close()
-        self.samples.setdefault("(SQLite write lock wait)", []).append(waited)
-        self.statuses.setdefault("(SQLite write lock wait)", {}).setdefault(0, 0)
+        self.samples.setdefault("(SQLite lock wait, no turns)", []).append(waited)
+        self.statuses.setdefault("(SQLite lock wait, no turns)", {}).setdefault(0, 0)
 
 
 def reader(url: str) -> Any:
