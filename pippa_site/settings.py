@@ -155,7 +155,8 @@ make_private(
     [
         Path(str(db["NAME"]))
         for db in DATABASES.values()
-        if db["ENGINE"] == "django.db.backends.sqlite3" and str(db["NAME"]) != ":memory:"
+        if db["ENGINE"] in ("django.db.backends.sqlite3", "pippa_site.sqlite_turns")
+        and str(db["NAME"]) != ":memory:"
     ],
 )
 

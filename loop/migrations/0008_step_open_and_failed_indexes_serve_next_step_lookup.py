@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('loop', '0006_step_authorized_call'),
+        ('loop', '0007_agent_token_expiry'),
     ]
 
     operations = [
