@@ -43,6 +43,7 @@ SETUP = """
 import json, sys, time
 from django.contrib.auth.models import Permission, User
 from loop import actions, plans
+from loop.permissions import SYSTEM
 steps, tasks = int(sys.argv[-2]), int(sys.argv[-1])
 user, _ = User.objects.get_or_create(username="bench")  # a PostgreSQL database may be reused
 user.user_permissions.add(Permission.objects.get(codename="confirm_step"))
@@ -51,11 +52,11 @@ for n in range(tasks):
     plan = {"title": f"big {n}", "steps": [
         {"key": f"s{i}", "tool": "echo", "args": {"value": i}} for i in range(steps)]}
     began = time.perf_counter()
-    big.append(actions.create_task(plan=plans.validate(plan), actor="bench").pk)
+    big.append(actions.create_task(plan=plans.validate(plan), actor="bench", user=SYSTEM).pk)
     took.append(time.perf_counter() - began)
 small = actions.create_task(plan=plans.validate({"title": "small", "steps": [
     {"key": "ask", "tool": "file.write", "args": {"path": "bench.txt", "content": "x"},
-     "confirm_before": True}]}), actor="bench").pk
+     "confirm_before": True}]}), actor="bench", user=SYSTEM).pk
 print(json.dumps({"big": big, "small": small, "create_seconds": took}))
 """
 TIMES = """

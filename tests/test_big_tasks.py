@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from loop import actions, open_steps
 from loop.judges import tool as tool_judge
 from loop.models import Event, EventKind, Step, StepState, Task, TaskState
+from loop.permissions import SYSTEM
 from loop.runner import Runner
 
 from .conftest import make_task, run_until_idle, step
@@ -276,7 +277,7 @@ def test_steps_added_in_the_middle_of_a_big_task_move_the_rest_set_wise(db: None
     Step.objects.filter(task=task, position__lt=10).update(state=StepState.DONE)
     with CaptureQueriesContext(connection) as captured:
         actions.add_steps(
-            task_id=task.pk, steps=[step("new1"), step("new2")], after="s10", actor="t"
+            task_id=task.pk, steps=[step("new1"), step("new2")], after="s10", actor="t", user=SYSTEM
         )
     assert len(captured.captured_queries) < 20, len(captured.captured_queries)
     keys = list(task.steps.order_by("position").values_list("key", flat=True))
