@@ -248,6 +248,13 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
             raise Refused(
                 f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
             )
+        if decision in RUN_AGAIN and task.state in ENDED:
+            # It would put the step back to pending in a task that never runs again: Dad
+            # would be told "do it" and nothing would happen.
+            raise Refused(
+                f"task {task.pk} is {task.state}: its steps never run again, so '{decision}' "
+                f"can't be done; answer {' or '.join(repr(d) for d in _closing(step))}"
+            )
         journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
         unsettled = list(step.effects.filter(state=EffectState.UNCERTAIN))
         if decision in ("deny", "fail"):
@@ -291,6 +298,16 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
         )
         follow(task, actor=actor)
     return step
+
+
+# Decisions that ask the loop to run the step again, and the task states where nothing runs.
+RUN_AGAIN = ("allow", "rerun")
+ENDED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
+
+
+def _closing(step: Step) -> list[str]:
+    """The decisions that still answer a blocked step's question once its task has ended."""
+    return [d for d, kind in DECISIONS.items() if kind == step.question_kind and d not in RUN_AGAIN]
 
 
 def _cleared(**fields: Any) -> dict[str, Any]:

@@ -38,6 +38,12 @@ class Question:
     def may_i(self) -> bool:
         return self.kind == QuestionKind.MAY_I
 
+    @property
+    def ended(self) -> bool:
+        """Its task ended (superseded): the step never runs again, so only the answers that
+        close the question are offered (actions.unblock refuses the others)."""
+        return self.step.task.state in FINISHED
+
 
 @dataclass
 class Progress:
