@@ -1,10 +1,14 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from loop.pages.login import LoginView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Browsers ask for it on every page (the admin's too); a 404 there is an error in the console.
+    path("favicon.ico", RedirectView.as_view(url=static("loop/favicon.svg"), permanent=True)),
     path("accounts/login/", LoginView.as_view(), name="login"),  # throttled; before auth.urls
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("loop.urls")),
