@@ -238,3 +238,21 @@ def test_runloop_once_exits_nonzero_when_boot_cannot_register_the_worker() -> No
     with refusing("loop_worker", "INSERT"):
         said = fails("runloop", "--once")
     assert "CommandError: database: " in said and "loop_worker refused" in said
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(unbuffered: str) -> None:
+    """`task ID | head`: the pipe closes before the command has written; no traceback."""
+    task = make_task(*(step(f"s{i}", args={"value": "x" * 200}) for i in range(50)))
+    env = process_env(PYTHONUNBUFFERED=unbuffered)
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "task", str(task.pk)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # the reader is gone before the first line
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=60) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -3,6 +3,9 @@ non-zero with the reason on stderr (DESIGN.md §13), never a traceback for an ex
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -13,9 +16,17 @@ class LoopCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
         """A database that refuses (a full disk, a read-only file, a lost server) is an
         expected error: `CommandError` with its reason, so exit status 1 without a traceback
-        (`--traceback` shows it)."""
+        (`--traceback` shows it). A reader that stops reading (`task 3 | head`) ends the
+        command as SIGPIPE ends other tools: quietly, status 141."""
         try:
-            return super().execute(*args, **options)
+            result = super().execute(*args, **options)
+            sys.stdout.flush()  # a buffered pipe's last write fails here, not at exit
+            return result
+        except BrokenPipeError:
+            # Nothing more can be written; point stdout at /dev/null so the exit's own flush
+            # does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(128 + signal.SIGPIPE) from None
         except DatabaseError as exc:
             if options.get("traceback"):
                 raise
