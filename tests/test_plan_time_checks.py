@@ -32,6 +32,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("http.post", {"url": URL, "headers": {"X-A": ["list"]}}, "args.headers: header 'X-A' must be a string"),
     ("http.post", {"url": "ftp://example.test/"}, "args.url: must be an http(s) URL"),
     ("http.get", {"url": "http://example.test:99999/"}, "args.url: is not a valid URL"),
+    ("http.post", {"url": "http://me:s3cret@example.test/"}, "args.url: carries a user name or password (user:pass@host), which is never sent"),
+    ("http.get", {"url": "https://token@example.test/"}, "args.url: carries a user name or password"),
     ("http.post", {"url": URL, "json": {}, "body": "x"}, "args: give 'json' or 'body', not both"),
     ("file.write", {"path": "../out.txt", "content": "x"}, "args.path: outside the file root"),
     ("file.write", {"path": ".", "content": "x"}, "args.path: names the file root itself"),
@@ -178,3 +180,8 @@ def test_an_agents_effect_call_is_checked_once_its_args_are_resolved(
     assert response.status_code == 400, response.json()
     assert response.json()["detail"] == "step 'w': args.path: outside the file root"
     assert not (file_root.parent / "x").exists()
+
+
+def test_a_password_in_a_url_is_refused_without_being_repeated(file_root: Path) -> None:
+    found = refusal("http.post", {"url": "http://me:s3cret@example.test/pay"})
+    assert found and not any("s3cret" in problem for problem in found), found

@@ -58,6 +58,13 @@ def target(url: str) -> Target:
         raise ValueError(f"'url' is not a valid URL: {url!r} ({exc})") from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ValueError(f"'url' must be an http(s) URL, not {url!r}")
+    if parts.username is not None or parts.password is not None:
+        # Not sent (a request line has no place for it), yet it would be shown as the
+        # request and kept in the journal: refused, without repeating it.
+        raise ValueError(
+            "'url' carries a user name or password (user:pass@host), which is never sent; "
+            "give credentials in an Authorization header"
+        )
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
