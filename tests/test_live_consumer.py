@@ -21,7 +21,7 @@ from pippa_site.asgi import application
 
 from .conftest import make_task, step
 
-ORIGIN = [(b"origin", b"http://127.0.0.1")]
+ORIGIN = [(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
 
 
 @pytest.fixture(autouse=True)
