@@ -217,3 +217,18 @@ def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: R
     task.refresh_from_db()
     assert task.state == "running" and Task.objects.count() == 1
     assert task.steps.count() == 2
+
+
+def test_a_task_that_ended_offers_no_add_steps_or_supersede(dad: User, worker: Runner) -> None:
+    """Both would be refused (the task takes no more steps and no successor)."""
+    client = logged_in(dad)
+    finished = make_task(step("a"))
+    run_until_idle(worker)
+    assert Task.objects.get(pk=finished.pk).state == "done"
+    open_one = make_task(step("b"), title="not run yet")
+    done_page = client.get(reverse("loop:task", args=[finished.pk])).content.decode()
+    assert reverse("loop:add_steps", args=[finished.pk]) not in done_page
+    assert reverse("loop:supersede", args=[finished.pk]) not in done_page
+    open_page = client.get(reverse("loop:task", args=[open_one.pk])).content.decode()
+    assert reverse("loop:add_steps", args=[open_one.pk]) in open_page
+    assert reverse("loop:supersede", args=[open_one.pk]) in open_page
