@@ -196,3 +196,23 @@ def test_the_dashboard_says_who_holds_a_task_and_until_when(
     pippa.post(f"/api/tasks/{by_hand.pk}/release")
     page = browser.get(reverse("loop:task", args=[by_hand.pk])).content.decode()
     assert 'id="task-holder"' not in page
+
+
+def test_allow_once_on_an_agents_task_says_the_agent_takes_it_up(
+    dad: User, worker: Runner, settings: Any
+) -> None:
+    """The flash after "Allow once" says who runs the step now: not a worker's next tick while
+    an agent holds the task."""
+    pippa = Agent(issue(name="pippa", user=dad)[1])
+    task = make_task(step("pay", "test.seen_once", confirm_before=True))
+    asked = pippa.post(f"/api/tasks/{task.pk}/next")
+    assert asked.status_code == 200 and asked.json()["step"] is None, asked.json()
+    blocked = Step.objects.get(task=task, key="pay")
+    assert blocked.state == "blocked"
+    browser = Client()
+    browser.force_login(dad)
+    said = browser.post(
+        reverse("loop:decide", args=[blocked.pk]), {"decision": "allow"}, follow=True
+    ).content.decode()
+    assert "runs when agent:pippa takes it up, or its lease ends at" in said
+    assert "runs on the next tick" not in said

@@ -9,13 +9,14 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from .. import actions
+from .. import actions, lease
 from ..forms import DecisionForm
 from ..models import Step, Task
 from .respond import actor, answer
 
 SAID = {
     "allow": "Allowed once: '{key}' runs on the next tick.",
+    "allow_held": "Allowed once: '{key}' runs when {holder} takes it up, or its lease ends at {until}.",
     "deny": "Denied: '{key}' failed; its task is paused.",
     "happened": "Noted that it happened: '{key}' finishes from that receipt.",
     "rerun": "'{key}' will do it again.",
@@ -47,7 +48,14 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
         return answer(request, str(exc), status=403, fallback=home)
     except actions.Refused as exc:
         return answer(request, f"decision: {exc}", status=409, fallback=home)
-    return answer(request, SAID[decision].format(key=step.key), fallback=home)
+    held = lease.holder(step.task) if decision == "allow" else None
+    if held is not None and held.kind == "agent":
+        said = SAID["allow_held"].format(
+            key=step.key, holder=held, until=held.until.strftime("%H:%M:%S UTC")
+        )
+    else:
+        said = SAID[decision].format(key=step.key)
+    return answer(request, said, fallback=home)
 
 
 def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
