@@ -35,9 +35,15 @@ def pid_alive(pid: int, started: str) -> bool:
     return not started or proc_start_time(pid) == started
 
 
+def host_name() -> str:
+    """The host this process records and compares: LOOP_WORKER_HOST, else the real one."""
+    return settings.LOOP_WORKER_HOST or socket.gethostname()
+
+
 def dead_workers(*, exclude: int | None = None) -> list[Worker]:
-    """Workers that are gone: a stale heartbeat, or this host and a vanished pid."""
-    host = socket.gethostname()
+    """Workers that are gone: a stale heartbeat, or this host and a vanished pid. A worker
+    that still heartbeats from another host is never among them."""
+    host = host_name()
     stale = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
     dead = []
     for worker in Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED]):
@@ -53,14 +59,16 @@ def dead_workers(*, exclude: int | None = None) -> list[Worker]:
 
 def reconcile(*, actor: str, exclude: int | None = None) -> dict[str, int]:
     """Settle the effects and release the leases of dead workers; a live worker's work is
-    never touched. Each decision is journaled."""
+    never touched. Each decision is journaled. Run at boot, by `manage.py reconcile`, and
+    every LOOP_REAP_SECONDS by each live worker (`exclude` is then itself)."""
     counts = {"workers": 0, "effects": 0, "leases": 0}
     for worker in dead_workers(exclude=exclude):
         with transaction.atomic():
-            if not Worker.objects.filter(pk=worker.pk, state=worker.state).update(
-                state=WorkerState.DEAD
-            ):
-                continue  # another worker's boot got there first
+            # Only as found: another reaper got there first, or it heartbeated meanwhile.
+            if not Worker.objects.filter(
+                pk=worker.pk, state=worker.state, last_seen=worker.last_seen
+            ).update(state=WorkerState.DEAD):
+                continue
             journal.record(EventKind.WORKER_DEAD, actor=actor, worker=worker.pk, pid=worker.pid)
             counts["workers"] += 1
             counts["effects"] += effects.retire_dead([worker.pk], actor=actor)
