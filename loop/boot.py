@@ -41,17 +41,20 @@ def host_name() -> str:
 
 
 def dead_workers(*, exclude: int | None = None) -> list[Worker]:
-    """Workers that are gone: a stale heartbeat, or this host and a vanished pid. A worker
-    that still heartbeats from another host is never among them."""
+    """Workers that are gone. On this host the process table decides: dead when the pid is
+    gone (at once), never while it lives (a stopped or stuck process keeps its leases until
+    they run out). On another host: a heartbeat older than LOOP_WORKER_DEAD_AFTER. A worker
+    that still heartbeats is never among them."""
     host = host_name()
     stale = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
     dead = []
     for worker in Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED]):
         if worker.pk == exclude:
             continue
-        gone = worker.last_seen < stale or (
-            worker.host == host and not pid_alive(worker.pid, worker.pid_started)
-        )
+        if worker.host == host:
+            gone = not pid_alive(worker.pid, worker.pid_started)
+        else:
+            gone = worker.last_seen < stale
         if gone:
             dead.append(worker)
     return dead
