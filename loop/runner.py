@@ -61,6 +61,9 @@ class Runner(StepLifecycle):
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
         self._declared_dead = False  # set by the heartbeat thread, handled by the main loop
+        self._wake = (
+            threading.Event()
+        )  # an idle main loop looks for work at once (a reap freed some)
 
     @property
     def actor(self) -> str:
@@ -126,7 +129,8 @@ class Runner(StepLifecycle):
                     break
                 if not found and not self.stopping:
                     delay = settings.LOOP_IDLE_SLEEP_MS / 1000
-                    time.sleep(min(delay * (2**failures), 10.0) if failures else delay)
+                    self._wake.wait(min(delay * (2**failures), 10.0) if failures else delay)
+                    self._wake.clear()
         finally:
             self._beat_stop.set()
             beat.join(timeout=5)
@@ -180,6 +184,7 @@ class Runner(StepLifecycle):
             return {}
         if counts["workers"]:
             log.warning("%s settled dead workers: %s", self.worker, counts)
+            self._wake.set()
         return counts
 
     def beat(self) -> None:

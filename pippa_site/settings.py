@@ -272,7 +272,8 @@ LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
 # on this host is dead as soon as its pid is gone). Live workers look for the dead every
 # LOOP_REAP_SECONDS and settle them as boot does (§9), so their tasks move on at once.
 LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", max(10, 2 * LOOP_HEARTBEAT_SECONDS))
-LOOP_REAP_SECONDS = float(os.environ.get("LOOP_REAP_SECONDS", "1"))
+# (Each look is one indexed read of the live workers' rows; a write only when one is dead.)
+LOOP_REAP_SECONDS = float(os.environ.get("LOOP_REAP_SECONDS", "0.5"))
 # The host name a worker records and compares (a test or bench pretends to be another host).
 LOOP_WORKER_HOST = os.environ.get("LOOP_WORKER_HOST", "")
 LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)
