@@ -23,7 +23,7 @@ from django.db import DatabaseError, close_old_connections, connections, transac
 from django.db.models import Q
 from django.utils import timezone
 
-from . import effects, journal, lease
+from . import effects, journal, lease, prune
 from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
@@ -165,12 +165,16 @@ class Runner(StepLifecycle):
         every = settings.LOOP_HEARTBEAT_SECONDS
         reap_every = min(settings.LOOP_REAP_SECONDS, every)
         next_beat = time.monotonic() + every
+        next_prune = time.monotonic() + settings.LOOP_PRUNE_EVERY_SECONDS
         try:
             while not self._beat_stop.wait(reap_every):
                 if time.monotonic() >= next_beat:
                     self.beat()
                     next_beat = time.monotonic() + every
                 self.reap()
+                if settings.LOOP_PRUNE_AFTER_DAYS and time.monotonic() >= next_prune:
+                    self.prune_some()
+                    next_prune = time.monotonic() + settings.LOOP_PRUNE_EVERY_SECONDS
         finally:
             connections.close_all()
 
@@ -186,6 +190,15 @@ class Runner(StepLifecycle):
             log.warning("%s settled dead workers: %s", self.worker, counts)
             self._wake.set()
         return counts
+
+    def prune_some(self) -> int:
+        """One small batch of old history gone (LOOP_PRUNE_AFTER_DAYS): never on a tick's path."""
+        try:
+            window = prune.Window.of(settings.LOOP_PRUNE_AFTER_DAYS)
+            return sum(prune.prune(window, max_batches=1).values())
+        except DatabaseError as exc:
+            log.error("pruning failed: %s", exc)
+            return 0
 
     def beat(self) -> None:
         assert self.worker is not None
