@@ -87,12 +87,26 @@ def _keep_receipts(rows: list[tuple[int, str]]) -> list[int]:
     return going
 
 
+def _receipt_ids(window: Window, limit: int) -> list[int]:
+    """Up to `limit` receipts that may go, read page by page past those that stay."""
+    found = candidates("receipts", window).order_by("pk")
+    last = 0
+    while rows := list(found.filter(pk__gt=last).values_list("pk", "scope")[:limit]):
+        ids = _keep_receipts(rows)
+        if ids:
+            return ids
+        last = rows[-1][0]
+    return []
+
+
 def prune_batch(table: str, window: Window, *, limit: int = BATCH) -> int:
     """Delete up to `limit` rows of `table` in one transaction; how many went."""
+    # Receipts are read first, outside the write transaction (a task never reopens).
+    receipts = _receipt_ids(window, limit) if table == "receipts" else []
     with transaction.atomic():
         found = candidates(table, window).order_by("pk")
         if table == "receipts":
-            ids = _keep_receipts(list(found.values_list("pk", "scope")[:limit]))
+            ids = list(found.filter(pk__in=receipts).values_list("pk", flat=True))
         else:
             ids = list(found.values_list("pk", flat=True)[:limit])
         if not ids:
