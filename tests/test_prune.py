@@ -20,9 +20,11 @@ from loop import actions, live, prune
 from loop.models import AgentToken, Effect, Event, Receipt, Step, Task
 from loop.runner import Runner
 
+from . import test_browser as web
 from .conftest import make_task, run_until_idle, step
 from .test_live_consumer import connect_as, own_channel_layer, run  # noqa: F401
 
+site, browser, dad_user = web.site, web.browser, web.dad_user  # the browser tests' fixtures
 OLD = timezone.now() - timedelta(days=100)
 
 
@@ -194,3 +196,28 @@ def test_a_page_whose_last_event_was_pruned_reloads(
         await live.tailer().stop()
 
     run(scenario)
+
+
+def test_a_reconnecting_browser_page_whose_last_event_was_pruned_loads_afresh(
+    site: str, browser: Any, dad_user: User
+) -> None:
+    runner = Runner(label="test")
+    runner.boot()
+    gone = make_task(step("a"), title="finished long ago")
+    run_until_idle(runner)
+    page = web.log_in(browser, site, "dad", "dad-password-1")
+    last = int(page.evaluate("window.pippaLive.last"))
+    assert last == Event.objects.filter(task=gone).latest("id").pk  # the page's newest event
+    age(gone)
+    prune.prune(prune.Window.of(30))
+    assert not Event.objects.filter(pk=last).exists()
+    kept = make_task(step("b"), title="open and new")
+    actions.pause(task_id=kept.pk, actor="dad")
+
+    with page.expect_navigation(timeout=30000):  # it reloads: no error, no gap
+        page.evaluate("window.pippaLive.socket.close()")  # a blip: it reconnects from `last`
+    web.live_open(page)
+    assert not web.still_same_page(page)
+    assert page.locator("#running, #needs-you, #recent").count()
+    assert "open and new" in page.content() and "finished long ago" not in page.content()
+    assert int(page.evaluate("window.pippaLive.last")) > last
