@@ -61,9 +61,8 @@ class Runner(StepLifecycle):
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
         self._declared_dead = False  # set by the heartbeat thread, handled by the main loop
-        self._wake = (
-            threading.Event()
-        )  # an idle main loop looks for work at once (a reap freed some)
+        # Set when a reap freed some work: an idle main loop looks for it at once.
+        self._wake = threading.Event()
 
     @property
     def actor(self) -> str:
@@ -186,6 +185,9 @@ class Runner(StepLifecycle):
         except DatabaseError as exc:
             log.error("looking for dead workers failed: %s", exc)
             return {}
+        except Exception:  # a bug must not stop the heartbeat: say it, go on
+            log.exception("looking for dead workers failed")
+            return {}
         if counts["workers"]:
             log.warning("%s settled dead workers: %s", self.worker, counts)
             self._wake.set()
@@ -198,6 +200,9 @@ class Runner(StepLifecycle):
             return sum(prune.prune(window, max_batches=1).values())
         except DatabaseError as exc:
             log.error("pruning failed: %s", exc)
+            return 0
+        except Exception:  # a bug must not stop the heartbeat: say it, go on
+            log.exception("pruning failed")
             return 0
 
     def beat(self) -> None:
