@@ -39,11 +39,12 @@ def setup_django(folder: Path, database_url: str) -> None:
 
 def runnable(count: int) -> list[int]:
     from loop import actions, plans
+    from loop.permissions import SYSTEM
 
     spec = plans.validate(
         {"title": "claim me", "steps": [{"key": "a", "tool": "echo", "args": {"value": 1}}]}
     )
-    return [actions.create_task(plan=spec, actor="bench").pk for _ in range(count)]
+    return [actions.create_task(plan=spec, actor="bench", user=SYSTEM).pk for _ in range(count)]
 
 
 def measure(rounds: int, task_ids: list[int]) -> list[float]:

@@ -68,6 +68,7 @@ def wait(predicate, what: str, timeout: float = 120):  # type: ignore[no-untyped
 
 def hanging_task(folder: Path) -> int:
     from loop import actions, plans
+    from loop.permissions import SYSTEM
 
     log = folder / "runs.log"
     spec = plans.validate(
@@ -78,7 +79,7 @@ def hanging_task(folder: Path) -> int:
             ],
         }
     )
-    return actions.create_task(plan=spec, actor="bench").pk
+    return actions.create_task(plan=spec, actor="bench", user=SYSTEM).pk
 
 
 def started(task_id: int) -> None:
