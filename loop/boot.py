@@ -35,17 +35,26 @@ def pid_alive(pid: int, started: str) -> bool:
     return not started or proc_start_time(pid) == started
 
 
+def host_name() -> str:
+    """The host this process records and compares: LOOP_WORKER_HOST, else the real one."""
+    return settings.LOOP_WORKER_HOST or socket.gethostname()
+
+
 def dead_workers(*, exclude: int | None = None) -> list[Worker]:
-    """Workers that are gone: a stale heartbeat, or this host and a vanished pid."""
-    host = socket.gethostname()
+    """Workers that are gone. On this host the process table decides: dead when the pid is
+    gone (at once), never while it lives (a stopped or stuck process keeps its leases until
+    they run out). On another host: a heartbeat older than LOOP_WORKER_DEAD_AFTER. A worker
+    that still heartbeats is never among them."""
+    host = host_name()
     stale = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
     dead = []
     for worker in Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED]):
         if worker.pk == exclude:
             continue
-        gone = worker.last_seen < stale or (
-            worker.host == host and not pid_alive(worker.pid, worker.pid_started)
-        )
+        if worker.host == host:
+            gone = not pid_alive(worker.pid, worker.pid_started)
+        else:
+            gone = worker.last_seen < stale
         if gone:
             dead.append(worker)
     return dead
@@ -53,14 +62,16 @@ def dead_workers(*, exclude: int | None = None) -> list[Worker]:
 
 def reconcile(*, actor: str, exclude: int | None = None) -> dict[str, int]:
     """Settle the effects and release the leases of dead workers; a live worker's work is
-    never touched. Each decision is journaled."""
+    never touched. Each decision is journaled. Run at boot, by `manage.py reconcile`, and
+    every LOOP_REAP_SECONDS by each live worker (`exclude` is then itself)."""
     counts = {"workers": 0, "effects": 0, "leases": 0}
     for worker in dead_workers(exclude=exclude):
         with transaction.atomic():
-            if not Worker.objects.filter(pk=worker.pk, state=worker.state).update(
-                state=WorkerState.DEAD
-            ):
-                continue  # another worker's boot got there first
+            # Only as found: another reaper got there first, or it heartbeated meanwhile.
+            if not Worker.objects.filter(
+                pk=worker.pk, state=worker.state, last_seen=worker.last_seen
+            ).update(state=WorkerState.DEAD):
+                continue
             journal.record(EventKind.WORKER_DEAD, actor=actor, worker=worker.pk, pid=worker.pid)
             counts["workers"] += 1
             counts["effects"] += effects.retire_dead([worker.pk], actor=actor)

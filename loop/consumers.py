@@ -58,6 +58,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await live.tailer().add(topic)
         if after_raw:
             message = await database_sync_to_async(live.replay)(topic, int(after_raw))
+            if message.get("reload"):
+                await self.send_json({"reload": True})
+                return
             await self.forward(message)
 
     async def refuse(self, code: int) -> None:

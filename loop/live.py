@@ -179,7 +179,12 @@ def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str
 
 def replay(topic: Topic, after: int) -> dict[str, Any]:
     """Everything a page that saw events up to `after` missed, with the page's parts as they
-    are now. On PostgreSQL a trailing window is re-read; the consumer drops ids it sent."""
+    are now. On PostgreSQL a trailing window is re-read; the consumer drops ids it sent.
+
+    If event `after` is gone (pruned, `loop.prune`), what the page shows may be gone too:
+    `{"reload": true}`, and the page loads afresh rather than patching what no longer is."""
+    if after > 0 and not Event.objects.filter(pk=after).exists():
+        return {"reload": True, "events": [], "swaps": [], "rows": []}
     events = Event.objects.filter(id__gt=after - trailing_window()).order_by("id")
     if topic.task_id is not None:
         events = events.filter(task_id=topic.task_id)

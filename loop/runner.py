@@ -13,18 +13,18 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import effects, journal, lease
-from .boot import proc_start_time, reconcile
+from . import effects, journal, lease, prune
+from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
@@ -60,6 +60,9 @@ class Runner(StepLifecycle):
         self._claimed_at = 0.0  # when this tick claimed its task: chaining stops after a while
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
+        self._declared_dead = False  # set by the heartbeat thread, handled by the main loop
+        # Set when a reap freed some work: an idle main loop looks for it at once.
+        self._wake = threading.Event()
 
     @property
     def actor(self) -> str:
@@ -70,19 +73,29 @@ class Runner(StepLifecycle):
 
     def boot(self) -> dict[str, int]:
         """Retire dead owners' effects first, then register this incarnation."""
-        counts = reconcile(actor=f"boot:{socket.gethostname()}:{os.getpid()}")
+        counts = reconcile(actor=f"boot:{host_name()}:{os.getpid()}")
+        self._register(reconciled=counts)
+        log.info("%s started (reconciled %s)", self.worker, counts)
+        return counts
+
+    def _register(self, **data: Any) -> None:
+        """A new incarnation: its own Worker row, journaled."""
         with transaction.atomic():
             self.worker = Worker.objects.create(
                 label=self.label,
-                host=socket.gethostname(),
+                host=host_name(),
                 pid=os.getpid(),
                 pid_started=proc_start_time(os.getpid()),
             )
-            journal.record(
-                EventKind.WORKER_STARTED, actor=self.actor, label=self.label, reconciled=counts
-            )
-        log.info("%s started (reconciled %s)", self.worker, counts)
-        return counts
+            journal.record(EventKind.WORKER_STARTED, actor=self.actor, label=self.label, **data)
+
+    def _reborn(self) -> None:
+        """A peer found this worker dead (its heartbeat was stale) and settled its work: the
+        old incarnation's commits are refused by the fence. Go on as a new incarnation."""
+        old = self.worker_id
+        self._declared_dead = False
+        self._register(declared_dead=old)
+        log.warning("worker %s was found dead by a peer; going on as %s", old, self.worker)
 
     def run(self) -> str:
         """Boot, then tick until signalled (`once`: one tick). The error of the last tick if it
@@ -96,6 +109,8 @@ class Runner(StepLifecycle):
         try:
             while not self.stopping:
                 close_old_connections()
+                if self._declared_dead:
+                    self._reborn()
                 try:
                     found = self.tick()
                     failures, failed = 0, ""
@@ -113,7 +128,8 @@ class Runner(StepLifecycle):
                     break
                 if not found and not self.stopping:
                     delay = settings.LOOP_IDLE_SLEEP_MS / 1000
-                    time.sleep(min(delay * (2**failures), 10.0) if failures else delay)
+                    self._wake.wait(min(delay * (2**failures), 10.0) if failures else delay)
+                    self._wake.clear()
         finally:
             self._beat_stop.set()
             beat.join(timeout=5)
@@ -142,12 +158,52 @@ class Runner(StepLifecycle):
             log.exception("could not record that %s stopped", self.worker)
 
     def _heartbeat(self) -> None:
-        """Its own thread and connection: last_seen, and the live tick's lease, renewed."""
+        """Its own thread and connection: last_seen, and the live tick's lease, renewed every
+        LOOP_HEARTBEAT_SECONDS; dead peers looked for every LOOP_REAP_SECONDS (one read of
+        the live workers' rows; a write only when one is dead)."""
+        every = settings.LOOP_HEARTBEAT_SECONDS
+        reap_every = min(settings.LOOP_REAP_SECONDS, every)
+        next_beat = time.monotonic() + every
+        next_prune = time.monotonic() + settings.LOOP_PRUNE_EVERY_SECONDS
         try:
-            while not self._beat_stop.wait(settings.LOOP_HEARTBEAT_SECONDS):
-                self.beat()
+            while not self._beat_stop.wait(reap_every):
+                if time.monotonic() >= next_beat:
+                    self.beat()
+                    next_beat = time.monotonic() + every
+                self.reap()
+                if settings.LOOP_PRUNE_AFTER_DAYS and time.monotonic() >= next_prune:
+                    self.prune_some()
+                    next_prune = time.monotonic() + settings.LOOP_PRUNE_EVERY_SECONDS
         finally:
             connections.close_all()
+
+    def reap(self) -> dict[str, int]:
+        """Settle dead peers' work now (§9), so their tasks are claimed again at once rather
+        than when their leases run out. The fence stays the last word."""
+        try:
+            counts = reconcile(actor=self.actor, exclude=self.worker_id)
+        except DatabaseError as exc:
+            log.error("looking for dead workers failed: %s", exc)
+            return {}
+        except Exception:  # a bug must not stop the heartbeat: say it, go on
+            log.exception("looking for dead workers failed")
+            return {}
+        if counts["workers"]:
+            log.warning("%s settled dead workers: %s", self.worker, counts)
+            self._wake.set()
+        return counts
+
+    def prune_some(self) -> int:
+        """One small batch of old history gone (LOOP_PRUNE_AFTER_DAYS): never on a tick's path."""
+        try:
+            window = prune.Window.of(settings.LOOP_PRUNE_AFTER_DAYS)
+            return sum(prune.prune(window, max_batches=1).values())
+        except DatabaseError as exc:
+            log.error("pruning failed: %s", exc)
+            return 0
+        except Exception:  # a bug must not stop the heartbeat: say it, go on
+            log.exception("pruning failed")
+            return 0
 
     def beat(self) -> None:
         assert self.worker is not None
@@ -158,7 +214,14 @@ class Runner(StepLifecycle):
             error = self.unrecorded_error
             if error:
                 fields.update(last_error=error, last_error_at=timezone.now())
-            Worker.objects.filter(pk=self.worker.pk).update(**fields)
+            alive = (
+                Worker.objects.filter(pk=self.worker.pk)
+                .exclude(state=WorkerState.DEAD)
+                .update(**fields)
+            )
+            if not alive:
+                self._declared_dead = True
+                return
             if error and self.unrecorded_error == error:
                 self.unrecorded_error = ""  # recorded; a newer one waits for the next beat
             for started in flying if time.monotonic() - since < settings.LOOP_STEP_TIMEOUT else []:

@@ -269,8 +269,22 @@ LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8)
 if not 1 <= LOOP_BATCH_EFFECTS <= 256:
     raise ImproperlyConfigured("LOOP_BATCH_EFFECTS must be between 1 and 256")
 LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
-LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", 60)
+# A worker on another host is dead once its heartbeat is this old: about two missed beats (one
+# on this host is dead as soon as its pid is gone). Live workers look for the dead every
+# LOOP_REAP_SECONDS and settle them as boot does (§9), so their tasks move on at once.
+LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", max(10, 2 * LOOP_HEARTBEAT_SECONDS))
+# (Each look is one indexed read of the live workers' rows; a write only when one is dead.)
+LOOP_REAP_SECONDS = float(os.environ.get("LOOP_REAP_SECONDS", "0.5"))
+# The host name a worker records and compares (a test or bench pretends to be another host).
+LOOP_WORKER_HOST = os.environ.get("LOOP_WORKER_HOST", "")
 LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)
+# Retention (`manage.py prune`): with a number of days, each worker's heartbeat thread deletes
+# one small batch of finished tasks' history older than that every LOOP_PRUNE_EVERY_SECONDS.
+# Off (0) by default: the journal is the person's record, and deleting it is their choice.
+LOOP_PRUNE_AFTER_DAYS = float(os.environ.get("LOOP_PRUNE_AFTER_DAYS", "0"))
+LOOP_PRUNE_EVERY_SECONDS = env_int("LOOP_PRUNE_EVERY_SECONDS", 10)
+# An API command id replays its stored answer for at least this long; prune keeps it till then.
+LOOP_RECEIPT_REPLAY_DAYS = float(os.environ.get("LOOP_RECEIPT_REPLAY_DAYS", "30"))
 LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2)
 LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300)
 LOOP_CONFIRM_SIDE_EFFECTS = env_bool("LOOP_CONFIRM_SIDE_EFFECTS", False)

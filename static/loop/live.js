@@ -93,11 +93,20 @@
       body.dataset.live = "open";
     };
     ws.onmessage = function (event) {
-      apply(JSON.parse(event.data));
+      const msg = JSON.parse(event.data);
+      if (msg.reload) {
+        // The last event this page saw was pruned: load the page afresh rather than patch it.
+        state.reloading = true;
+        ws.close();
+        location.reload();
+        return;
+      }
+      apply(msg);
     };
     state.attempts = (state.attempts || 0) + 1;
     ws.onclose = function (event) {
       body.dataset.live = "closed";
+      if (state.reloading) return;
       if (REFUSED[event.code]) return refused(event.code);
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 10000);
