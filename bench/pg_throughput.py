@@ -1,0 +1,245 @@
+"""Steps per second on PostgreSQL with 1, 2 and 4 worker processes, read-only and side-effect,
+for Pippa (real `runloop` processes) and for DBOS Transact on the same server, and their ratio.
+
+    .venv/bin/python bench/pg_throughput.py [--rounds 3] [--workers 1,2,4] [--quick]
+                                            [--pg postgres://postgres@127.0.0.1:5432]
+
+The workload is the same for both: `--tasks` tasks (DBOS: workflows) of `--steps` steps each;
+a read-only step does nothing (Pippa: `echo`; DBOS: a no-op @DBOS.step), a side-effect step
+POSTs to a local HTTP sink started here in its own process (Pippa: `http.post`; DBOS: a
+@DBOS.step that POSTs with urllib, a new connection each, as `http.post` does). Every step's
+start is durable in Pippa before it runs; DBOS checkpoints each step's output as it
+completes (and the workflow's status as it starts and ends).
+
+Pippa: the workers are started and registered first, then all tasks are created in one commit;
+the rate is the tasks' steps over first `step_started` to last `step_done` in the journal.
+Each worker takes up to LOOP_BATCH (8) tasks at a time. DBOS: the workflows are split evenly
+between the processes, each running 8 at a time (threads); each process launches, says it is
+ready, and starts when all are; the rate is all steps over the first start to the last end.
+Each configuration runs `--rounds` times, interleaved (so a burst of load on the shared
+machine hits both systems alike); the table gives the median and the range.
+
+DBOS 3.4.0 is installed by this script into bench/.dbos-venv (git-ignored) on first use: it is
+not a dependency of the project. Databases: pgbench_pippa and pgbench_dbos, dropped and made
+again at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pg
+from effect_overhead import Sink
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / "bench" / ".dbos-venv"
+DBOS_VERSION = "3.4.0"
+KINDS = ("read-only", "side-effect")
+
+
+def dbos_python() -> Path:
+    """bench/.dbos-venv's Python, with dbos==DBOS_VERSION installed (made here if missing)."""
+    python = VENV / "bin" / "python"
+    check = [str(python), "-c", "import importlib.metadata as m; print(m.version('dbos'))"]
+    if python.exists():
+        found = subprocess.run(check, capture_output=True, text=True)
+        if found.returncode == 0 and found.stdout.strip() == DBOS_VERSION:
+            return python
+    print(f"installing dbos=={DBOS_VERSION} into {VENV} …", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True)
+    return python
+
+
+def pippa_rate(
+    env: dict[str, str], kind: str, workers: int, tasks: int, steps: int, url: str
+) -> float:
+    from django.db import transaction
+    from django.db.models import Max, Min
+
+    from loop import actions, plans
+    from loop.models import Event, Task
+
+    def spec(t: int, s: int) -> dict[str, Any]:
+        if kind == "read-only":
+            return {"key": f"s{s}", "tool": "echo", "args": {"value": s}}
+        return {"key": f"s{s}", "tool": "http.post", "args": {"url": url, "json": [t, s]}}
+
+    procs = pg.start_workers(workers, env)
+    try:
+        with transaction.atomic():  # one commit: the idle workers find all of them at once
+            ids = [
+                actions.create_task(
+                    plan=plans.validate(
+                        {"title": f"bench {t}", "steps": [spec(t, s) for s in range(steps)]}
+                    ),
+                    actor="bench",
+                ).pk
+                for t in range(tasks)
+            ]
+        deadline = time.monotonic() + 600
+        while Task.objects.filter(pk__in=ids).open().exists():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit("the runloops stopped or stalled")
+            time.sleep(0.05)
+    finally:
+        pg.stop(procs)
+    events = Event.objects.filter(task_id__in=ids)
+    done = events.filter(kind="step_done").count()
+    assert done == tasks * steps, (done, tasks * steps)
+    span = events.filter(kind__in=["step_started", "step_done"]).aggregate(
+        first=Min("created_at"), last=Max("created_at")
+    )
+    return done / (span["last"] - span["first"]).total_seconds()
+
+
+def dbos_rate(
+    python: Path, db: str, kind: str, workers: int, tasks: int, steps: int, url: str
+) -> float:
+    share = [tasks // workers + (1 if w < tasks % workers else 0) for w in range(workers)]
+    procs = []
+    first = 0
+    for w, count in enumerate(share):
+        options = {
+            "db": db,
+            "executor": f"bench-{w}",
+            "first": first,
+            "last": first + count,
+            "steps": steps,
+            "kind": "post" if kind == "side-effect" else "noop",
+            "url": url,
+            "concurrency": 8,
+        }
+        first += count
+        procs.append(
+            subprocess.Popen(
+                [str(python), str(ROOT / "bench" / "dbos_worker.py"), json.dumps(options)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for proc in procs:
+            assert proc.stdout and proc.stdout.readline().strip() == "ready", "DBOS did not launch"
+        for proc in procs:
+            assert proc.stdin
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            assert proc.stdout
+            results.append(json.loads(proc.stdout.readline()))
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    done = sum(r["steps"] for r in results)
+    assert done == tasks * steps, (done, tasks * steps)
+    return done / (max(r["end"] for r in results) - min(r["start"] for r in results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", default="1,2,4", help="worker processes, comma-separated")
+    parser.add_argument("--tasks", type=int, default=64, help="tasks (workflows) per run")
+    parser.add_argument("--steps", type=int, default=100, help="read-only steps per task")
+    parser.add_argument("--effect-steps", type=int, default=20, help="side-effect steps per task")
+    parser.add_argument(
+        "--quick", action="store_true", help="32 tasks of 40 read-only or 8 side-effect steps"
+    )
+    parser.add_argument("--pg", default=pg.SERVER, help="the PostgreSQL server")
+    options = parser.parse_args()
+    if options.quick:
+        options.tasks, options.steps, options.effect_steps = 32, 40, 8
+    counts = [int(w) for w in options.workers.split(",")]
+    steps = {"read-only": options.steps, "side-effect": options.effect_steps}
+    python = dbos_python()
+    print(f"before: {pg.load()}", flush=True)
+    sink, port = Sink.apart()
+    url = f"http://127.0.0.1:{port}/hook"
+    (ROOT / "var").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="pg-throughput-", dir=ROOT / "var"))
+    rates: dict[tuple[str, str, int], list[float]] = {}
+    try:
+        env = pg.setup_django(pg.fresh_database(options.pg, "pgbench_pippa"), folder)
+        dbos_db = pg.fresh_database(options.pg, "pgbench_dbos")
+        dbos_rate(python, dbos_db, "read-only", 1, 1, 1, url)  # DBOS makes its tables
+        for n in range(options.rounds):
+            for kind in KINDS:
+                for workers in counts:
+                    for system in ("pippa", "dbos"):
+                        if system == "pippa":
+                            rate = pippa_rate(env, kind, workers, options.tasks, steps[kind], url)
+                        else:
+                            rate = dbos_rate(
+                                python, dbos_db, kind, workers, options.tasks, steps[kind], url
+                            )
+                        rates.setdefault((system, kind, workers), []).append(rate)
+                        print(
+                            f"round {n + 1}: {system:5} {kind:11} {workers} worker(s) "
+                            f"{rate:8.1f} steps/s   ({pg.load()})",
+                            flush=True,
+                        )
+    finally:
+        sink.kill()
+    report(rates, counts, options, steps)
+
+
+def report(
+    rates: dict[tuple[str, str, int], list[float]],
+    counts: list[int],
+    options: argparse.Namespace,
+    steps: dict[str, int],
+) -> None:
+    def cell(values: list[float]) -> str:
+        return f"{pg.median(values):7.1f} ({min(values):.0f}–{max(values):.0f})"
+
+    print()
+    print(f"after: {pg.load()}")
+    print(
+        f"steps/s, median (range) of {options.rounds} runs; {options.tasks} tasks x "
+        f"{steps['read-only']} read-only / {steps['side-effect']} side-effect steps per run"
+    )
+    head = f"{'workers':>7} | {'kind':11} | {'Pippa':>20} | {'DBOS 3.4.0':>20} | ratio"
+    print(head)
+    print("-" * len(head))
+    figures: dict[str, Any] = {}
+    for kind in KINDS:
+        for workers in counts:
+            ours, theirs = rates[("pippa", kind, workers)], rates[("dbos", kind, workers)]
+            ratio = pg.median(ours) / pg.median(theirs)
+            print(
+                f"{workers:>7} | {kind:11} | {cell(ours):>20} | {cell(theirs):>20} | "
+                f"{ratio:5.2f}x {'(target >= 2x met)' if ratio >= 2 else '(below 2x target)'}"
+            )
+            figures[f"{kind} {workers}"] = {
+                "pippa": [round(r, 1) for r in ours],
+                "dbos": [round(r, 1) for r in theirs],
+                "ratio": round(ratio, 2),
+            }
+    for kind in KINDS:
+        one, most = rates[("pippa", kind, min(counts))], rates[("pippa", kind, max(counts))]
+        verdict = ">=" if pg.median(most) >= pg.median(one) else "<"
+        print(
+            f"Pippa {kind}: {max(counts)} workers {pg.median(most):.1f} {verdict} "
+            f"{min(counts)} worker {pg.median(one):.1f} steps/s"
+        )
+    print(json.dumps(figures))
+    print(
+        "reproduce: .venv/bin/python bench/"
+        + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
+    )
+
+
+if __name__ == "__main__":
+    main()
