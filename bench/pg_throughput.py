@@ -13,21 +13,22 @@ completes (and the workflow's status as it starts and ends).
 
 Pippa: the workers are started and registered first, then all tasks are created in one commit;
 the rate is the tasks' steps over first `step_started` to last `step_done` in the journal.
-Each worker takes up to LOOP_BATCH (8) tasks at a time. DBOS: the workflows are split evenly
-between the processes, each running 8 at a time (threads); each process launches, says it is
+Each worker takes up to LOOP_BATCH (`--batch`, 8) tasks at a time. DBOS: the workflows are
+split evenly between the processes, each running `--batch` at a time (threads); each process launches, says it is
 ready, and starts when all are; the rate is all steps over the first start to the last end.
 Each configuration runs `--rounds` times, interleaved (so a burst of load on the shared
 machine hits both systems alike); the table gives the median and the range.
 
 DBOS 3.4.0 is installed by this script into bench/.dbos-venv (git-ignored) on first use: it is
 not a dependency of the project. Databases: pgbench_pippa and pgbench_dbos, dropped and made
-again at the start.
+again at the start (--explain: pgbench_explain).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "bench" / ".dbos-venv"
 DBOS_VERSION = "3.4.0"
 KINDS = ("read-only", "side-effect")
+BATCH = [8]  # steps in flight per worker: LOOP_BATCH (and _EFFECTS), DBOS threads per process
+CPU_MS: dict[tuple[str, str, int], list[float]] = {}  # the workers' CPU time per step
 
 
 def dbos_python() -> Path:
@@ -73,6 +76,7 @@ def pippa_rate(
         return {"key": f"s{s}", "tool": "http.post", "args": {"url": url, "json": [t, s]}}
 
     procs = pg.start_workers(workers, env)
+    idle = [cpu_seconds(p.pid) for p in procs]
     try:
         with transaction.atomic():  # one commit: the idle workers find all of them at once
             ids = [
@@ -89,6 +93,7 @@ def pippa_rate(
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise SystemExit("the runloops stopped or stalled")
             time.sleep(0.05)
+        cpu = sum(cpu_seconds(p.pid) - before for p, before in zip(procs, idle, strict=True))
     finally:
         pg.stop(procs)
     events = Event.objects.filter(task_id__in=ids)
@@ -97,7 +102,14 @@ def pippa_rate(
     span = events.filter(kind__in=["step_started", "step_done"]).aggregate(
         first=Min("created_at"), last=Max("created_at")
     )
+    CPU_MS.setdefault(("pippa", kind, workers), []).append(cpu / done * 1000)
     return done / (span["last"] - span["first"]).total_seconds()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dbos_rate(
@@ -115,7 +127,7 @@ def dbos_rate(
             "steps": steps,
             "kind": "post" if kind == "side-effect" else "noop",
             "url": url,
-            "concurrency": 8,
+            "concurrency": BATCH[0],
         }
         first += count
         procs.append(
@@ -144,7 +156,88 @@ def dbos_rate(
                 proc.kill()
     done = sum(r["steps"] for r in results)
     assert done == tasks * steps, (done, tasks * steps)
+    CPU_MS.setdefault(("dbos", kind, workers), []).append(
+        sum(r["cpu"] for r in results) / done * 1000
+    )
     return done / (max(r["end"] for r in results) - min(r["start"] for r in results))
+
+
+def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, Any]:
+    """Where a Pippa step's time goes, in an in-process worker on the bench's database: the
+    commits, the SQL executed, the side effects performed (their HTTP round trips) and the
+    rest (Python); with statements and commits per step, and CPU time per step."""
+    from django.db import connection, transaction
+
+    from loop import actions, effects, plans
+    from loop.models import Event
+    from loop.runner import Runner
+
+    spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
+    statements = commits = 0
+
+    def timed(key: str, func: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - began
+
+        return run
+
+    def sql(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal statements
+        statements += 1
+        return timed("sql", execute)(query, params, many, context)
+
+    def spec(t: int, s: int) -> dict[str, Any]:
+        if kind == "read-only":
+            return {"key": f"s{s}", "tool": "echo", "args": {"value": s}}
+        return {"key": f"s{s}", "tool": "http.post", "args": {"url": url, "json": [t, s]}}
+
+    with transaction.atomic():
+        ids = [
+            actions.create_task(
+                plan=plans.validate(
+                    {"title": f"explain {t}", "steps": [spec(t, s) for s in range(steps)]}
+                ),
+                actor="bench",
+            ).pk
+            for t in range(tasks)
+        ]
+    perform = effects._perform
+    effects._perform = timed("effect", perform)
+    runner = Runner(label="explain")
+    runner.boot()
+    commit = timed("commit", connection.commit)
+
+    def counted_commit() -> None:
+        nonlocal commits
+        commits += 1
+        commit()
+
+    connection.commit = counted_commit  # type: ignore[method-assign]
+    began, cpu = time.perf_counter(), time.process_time()
+    try:
+        with connection.execute_wrapper(sql):
+            while runner.tick():
+                pass
+    finally:
+        total, cpu = time.perf_counter() - began, time.process_time() - cpu
+        del connection.commit
+        effects._perform = perform
+    count = Event.objects.filter(kind="step_done", task_id__in=ids).count()
+    ms = {key: round(value / count * 1000, 3) for key, value in spent.items()}
+    ms["python"] = round(total / count * 1000 - sum(ms.values()), 3)
+    return {
+        "kind": kind,
+        "steps": count,
+        "ms_per_step": round(total / count * 1000, 3),
+        "cpu_ms_per_step": round(cpu / count * 1000, 3),
+        "split_ms": ms,
+        "statements_per_step": round(statements / count, 2),
+        "commits_per_step": round(commits / count, 2),
+    }
 
 
 def main() -> None:
@@ -158,7 +251,27 @@ def main() -> None:
         "--quick", action="store_true", help="32 tasks of 40 read-only or 8 side-effect steps"
     )
     parser.add_argument("--pg", default=pg.SERVER, help="the PostgreSQL server")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="steps in flight per worker: LOOP_BATCH and LOOP_BATCH_EFFECTS; DBOS threads",
+    )
+    parser.add_argument(
+        "--explain", action="store_true", help="only split a Pippa step's time, in process"
+    )
     options = parser.parse_args()
+    if options.explain:
+        (ROOT / "var").mkdir(exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="pg-explain-", dir=ROOT / "var"))
+        pg.setup_django(pg.fresh_database(options.pg, "pgbench_explain"), folder)
+        sink, port = Sink.apart()
+        try:
+            for kind in KINDS:
+                print(json.dumps(explain(kind, f"http://127.0.0.1:{port}/hook")), flush=True)
+        finally:
+            sink.kill()
+        return
     if options.quick:
         options.tasks, options.steps, options.effect_steps = 32, 40, 8
     counts = [int(w) for w in options.workers.split(",")]
@@ -171,7 +284,13 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="pg-throughput-", dir=ROOT / "var"))
     rates: dict[tuple[str, str, int], list[float]] = {}
     try:
-        env = pg.setup_django(pg.fresh_database(options.pg, "pgbench_pippa"), folder)
+        BATCH[0] = options.batch
+        env = pg.setup_django(
+            pg.fresh_database(options.pg, "pgbench_pippa"),
+            folder,
+            LOOP_BATCH=str(options.batch),
+            LOOP_BATCH_EFFECTS=str(options.batch),
+        )
         dbos_db = pg.fresh_database(options.pg, "pgbench_dbos")
         dbos_rate(python, dbos_db, "read-only", 1, 1, 1, url)  # DBOS makes its tables
         for n in range(options.rounds):
@@ -208,9 +327,13 @@ def report(
     print(f"after: {pg.load()}")
     print(
         f"steps/s, median (range) of {options.rounds} runs; {options.tasks} tasks x "
-        f"{steps['read-only']} read-only / {steps['side-effect']} side-effect steps per run"
+        f"{steps['read-only']} read-only / {steps['side-effect']} side-effect steps per run; "
+        f"{BATCH[0]} steps in flight per worker (Pippa LOOP_BATCH, DBOS threads per process)"
     )
-    head = f"{'workers':>7} | {'kind':11} | {'Pippa':>20} | {'DBOS 3.4.0':>20} | ratio"
+    head = (
+        f"{'workers':>7} | {'kind':11} | {'Pippa':>20} | {'DBOS 3.4.0':>20} | ratio  "
+        f"| CPU ms/step in the workers: Pippa, DBOS"
+    )
     print(head)
     print("-" * len(head))
     figures: dict[str, Any] = {}
@@ -220,7 +343,9 @@ def report(
             ratio = pg.median(ours) / pg.median(theirs)
             print(
                 f"{workers:>7} | {kind:11} | {cell(ours):>20} | {cell(theirs):>20} | "
-                f"{ratio:5.2f}x {'(target >= 2x met)' if ratio >= 2 else '(below 2x target)'}"
+                f"{ratio:5.2f}x {'(target >= 2x met)' if ratio >= 2 else '(below 2x target)'} | "
+                f"{pg.median(CPU_MS[('pippa', kind, workers)]):.2f}, "
+                f"{pg.median(CPU_MS[('dbos', kind, workers)]):.2f}"
             )
             figures[f"{kind} {workers}"] = {
                 "pippa": [round(r, 1) for r in ours],
