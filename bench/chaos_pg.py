@@ -3,7 +3,7 @@ side-effect steps (emails to a real SMTP server, POSTs to a real HTTP receiver),
 worker SIGKILLed every few seconds and started again while tasks are open; then a table of
 kills, effects, duplicates and questions by kind, and the checks of tests/chaos_scale.py.
 
-    .venv/bin/python bench/chaos_pg.py [--workers 4] [--tasks 200] [--kill-every 3]
+    .venv/bin/python bench/chaos_pg.py [--workers 4] [--tasks 200] [--kill-every 2]
                                        [--seed N] [--pg postgres://postgres@127.0.0.1:5432]
 
 Database pgbench_chaos, dropped and made again at the start. Exits non-zero if any check
@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--kill-every", type=float, default=3.0, help="seconds, give or take half")
+    parser.add_argument("--kill-every", type=float, default=2.0, help="seconds, give or take half")
     parser.add_argument("--seed", type=int, default=random.randrange(1 << 30))
     parser.add_argument("--timeout", type=float, default=900, help="seconds")
     parser.add_argument("--pg", default=pg.SERVER, help="the PostgreSQL server")
