@@ -44,7 +44,7 @@ def run(env: dict[str, str], kind: str, steps: int, url: str) -> dict[str, Any]:
             return {"key": f"s{s}", "tool": "echo", "args": {"value": [t, s]}}
         return {"key": f"s{s}", "tool": "http.post", "args": {"url": url, "json": [t, s]}}
 
-    [worker] = pg.start_workers(1, env)
+    [worker] = pg.start_workers(1, {**env, "LOOP_IDEMPOTENT_RECEIVERS": url})  # batched
     samples: list[tuple[float, int, float]] = []  # (seconds, steps done, RSS MB)
     began = time.monotonic()
     try:

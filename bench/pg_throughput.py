@@ -8,16 +8,21 @@ The workload is the same for both: `--tasks` tasks (DBOS: workflows) of `--steps
 a read-only step does nothing (Pippa: `echo`; DBOS: a no-op @DBOS.step), a side-effect step
 POSTs to a local HTTP sink started here in its own process (Pippa: `http.post`; DBOS: a
 @DBOS.step that POSTs with urllib, a new connection each, as `http.post` does). Every step's
-start is durable in Pippa before it runs; DBOS checkpoints each step's output as it
-completes (and the workflow's status as it starts and ends).
+start is durable in Pippa before it runs; DBOS checkpoints each step's output as it completes
+(and the workflow's status as it starts and ends), so a DBOS step cut by a crash runs again
+unasked. The sink is listed in LOOP_IDEMPOTENT_RECEIVERS (it gets an Idempotency-Key), so a
+Pippa worker sends up to LOOP_BATCH_EFFECTS effects at once; `--unlisted`: one at a time, as
+for a receiver whose cut would ask Dad.
 
 Pippa: the workers are started and registered first, then all tasks are created in one commit;
 the rate is the tasks' steps over first `step_started` to last `step_done` in the journal.
 Each worker takes up to LOOP_BATCH (`--batch`, 8) tasks at a time. DBOS: the workflows are
-split evenly between the processes, each running `--batch` at a time (threads); each process launches, says it is
-ready, and starts when all are; the rate is all steps over the first start to the last end.
-Each configuration runs `--rounds` times, interleaved (so a burst of load on the shared
-machine hits both systems alike); the table gives the median and the range.
+split evenly between the processes, each running `--batch` at a time (threads); each process
+launches, says it is ready, and starts when all are; the rate is all steps over the first
+start to the last end. Each configuration runs `--rounds` times, interleaved (so a burst of
+load on the shared machine hits both systems alike); the table gives the median and the range,
+and the workers' CPU time per step (Pippa: /proc of each runloop; DBOS: each process's own).
+`--explain` splits a Pippa step's time on PostgreSQL instead (commits, SQL, effects, Python).
 
 DBOS 3.4.0 is installed by this script into bench/.dbos-venv (git-ignored) on first use: it is
 not a dependency of the project. Databases: pgbench_pippa and pgbench_dbos, dropped and made
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "bench" / ".dbos-venv"
 DBOS_VERSION = "3.4.0"
 KINDS = ("read-only", "side-effect")
+UNLISTED = [False]  # --unlisted: the sink not in LOOP_IDEMPOTENT_RECEIVERS
 BATCH = [8]  # steps in flight per worker: LOOP_BATCH (and _EFFECTS), DBOS threads per process
 CPU_MS: dict[tuple[str, str, int], list[float]] = {}  # the workers' CPU time per step
 
@@ -75,7 +81,8 @@ def pippa_rate(
             return {"key": f"s{s}", "tool": "echo", "args": {"value": s}}
         return {"key": f"s{s}", "tool": "http.post", "args": {"url": url, "json": [t, s]}}
 
-    procs = pg.start_workers(workers, env)
+    listed = "" if UNLISTED[0] else url  # a receiver that dedupes: effects batch (see above)
+    procs = pg.start_workers(workers, {**env, "LOOP_IDEMPOTENT_RECEIVERS": listed})
     idle = [cpu_seconds(p.pid) for p in procs]
     try:
         with transaction.atomic():  # one commit: the idle workers find all of them at once
@@ -258,6 +265,11 @@ def main() -> None:
         help="steps in flight per worker: LOOP_BATCH and LOOP_BATCH_EFFECTS; DBOS threads",
     )
     parser.add_argument(
+        "--unlisted",
+        action="store_true",
+        help="the sink not in LOOP_IDEMPOTENT_RECEIVERS: Pippa sends one effect at a time",
+    )
+    parser.add_argument(
         "--explain", action="store_true", help="only split a Pippa step's time, in process"
     )
     options = parser.parse_args()
@@ -284,7 +296,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="pg-throughput-", dir=ROOT / "var"))
     rates: dict[tuple[str, str, int], list[float]] = {}
     try:
-        BATCH[0] = options.batch
+        BATCH[0], UNLISTED[0] = options.batch, options.unlisted
         env = pg.setup_django(
             pg.fresh_database(options.pg, "pgbench_pippa"),
             folder,
