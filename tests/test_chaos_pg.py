@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
-from .chaos_scale import run, worker_env
+from loop import journal
+from loop.models import EventKind
+
+from .chaos_scale import overlaps, run, worker_env
 from .chaos_sinks import HttpSink, SmtpSink
-from .conftest import process_env
+from .conftest import make_task, process_env, step
 
 
 @pytest.mark.slow
@@ -54,3 +57,24 @@ def test_four_workers_killed_in_turn_never_hold_a_step_twice_nor_deliver_twice(
     assert not figures.violations
     assert not figures.overlaps
     assert figures.emails + figures.posts == 20 * 5  # each step's effect went out once
+
+
+def test_the_journal_check_finds_a_step_started_by_a_second_worker_without_a_fence(
+    db: None,
+) -> None:
+    """The chaos run's check of the journal is no formality: a second worker's start of a
+    held step is found, unless the first holder's death (or its lease's release) lies between."""
+    task = make_task(step("a"), step("b"))
+    a, b = task.steps.order_by("position")
+    with transaction.atomic():
+        journal.record(EventKind.STEP_STARTED, step=a, actor="worker:1")
+        journal.record(EventKind.STEP_RESTARTED, step=a, actor="worker:2")  # no fence
+        journal.record(EventKind.STEP_STARTED, step=b, actor="worker:1")
+        journal.record(EventKind.WORKER_DEAD, actor="boot:x", worker=1, pid=1)
+        journal.record(EventKind.STEP_RESTARTED, step=b, actor="worker:3")  # fenced
+        journal.record(EventKind.STEP_DONE, step=b, actor="worker:3")
+        journal.record(EventKind.STEP_DONE, step=a, actor="worker:1")  # a verdict, not held
+    found = overlaps()
+    assert len(found) == 2, found
+    assert found[0].startswith(f"step {a.pk}: worker:2 started it")
+    assert found[1].startswith(f"step {a.pk}: worker:1 gave a verdict")
