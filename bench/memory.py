@@ -38,6 +38,7 @@ def run(env: dict[str, str], kind: str, steps: int, url: str) -> dict[str, Any]:
 
     from loop import actions, plans
     from loop.models import Step
+    from loop.permissions import SYSTEM
 
     def spec(t: int, s: int) -> dict[str, Any]:
         if kind == "read-only":
@@ -59,6 +60,7 @@ def run(env: dict[str, str], kind: str, steps: int, url: str) -> dict[str, Any]:
                         }
                     ),
                     actor="bench",
+                    user=SYSTEM,
                 ).pk
                 for t in range(steps // PER_TASK)
             ]

@@ -75,6 +75,7 @@ def pippa_rate(
 
     from loop import actions, plans
     from loop.models import Event, Task
+    from loop.permissions import SYSTEM
 
     def spec(t: int, s: int) -> dict[str, Any]:
         if kind == "read-only":
@@ -92,6 +93,7 @@ def pippa_rate(
                         {"title": f"bench {t}", "steps": [spec(t, s) for s in range(steps)]}
                     ),
                     actor="bench",
+                    user=SYSTEM,
                 ).pk
                 for t in range(tasks)
             ]
@@ -177,6 +179,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
 
     from loop import actions, effects, plans
     from loop.models import Event
+    from loop.permissions import SYSTEM
     from loop.runner import Runner
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
@@ -209,6 +212,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
                     {"title": f"explain {t}", "steps": [spec(t, s) for s in range(steps)]}
                 ),
                 actor="bench",
+                user=SYSTEM,
             ).pk
             for t in range(tasks)
         ]

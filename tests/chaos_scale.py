@@ -24,6 +24,7 @@ from typing import Any
 
 from loop import actions, plans
 from loop.models import Effect, EffectState, Event, EventKind, Step, Task
+from loop.permissions import SYSTEM
 from loop.tools.mail import message_id
 
 from .chaos_sinks import HttpSink, SmtpSink
@@ -158,7 +159,9 @@ def run(
             while created < tasks and open_now < 2 * workers:
                 created += 1
                 open_now += 1
-                actions.create_task(plan=plans.validate(plan(created, web, rng)), actor="chaos")
+                actions.create_task(
+                    plan=plans.validate(plan(created, web, rng)), actor="chaos", user=SYSTEM
+                )
             person.answer_questions()
             if created == tasks and not Task.objects.open().exists():
                 break
