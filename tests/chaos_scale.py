@@ -138,6 +138,7 @@ def run(
     tasks: int,
     kill_every: float,
     max_kills: int,
+    min_kills: int = 0,
     seed: int,
     log: Path,
     timeout: float,
@@ -145,7 +146,7 @@ def run(
     """Create `tasks` tasks (keeping about two per worker open at a time), SIGKILL a random
     worker every `kill_every` seconds (give or take half), at most `max_kills` times, and start
     another in its place, answering questions as they come, until every task is done; then
-    check."""
+    check. The last tasks are created only after `min_kills` kills."""
     rng = random.Random(seed)
     person = Person(web=web, smtp=smtp)
     figures = Figures(workers=workers, tasks=tasks)
@@ -156,7 +157,14 @@ def run(
     try:
         while True:
             open_now = Task.objects.open().count()
-            while created < tasks and open_now < 2 * workers:
+            # Before `min_kills`, tasks come in proportion to the kills so far: however fast
+            # the machine, that many kills land while there is work.
+            paced = (
+                tasks
+                if figures.kills >= min_kills
+                else tasks * (figures.kills + 1) // (min_kills + 1)
+            )
+            while created < max(paced, 1) and open_now < 2 * workers:
                 created += 1
                 open_now += 1
                 actions.create_task(
