@@ -175,6 +175,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
     """Where a Pippa step's time goes, in an in-process worker on the bench's database: the
     commits, the SQL executed, the side effects performed (their HTTP round trips) and the
     rest (Python); with statements and commits per step, and CPU time per step."""
+    from django.conf import settings
     from django.db import connection, transaction
 
     from loop import actions, effects, plans
@@ -216,6 +217,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
             ).pk
             for t in range(tasks)
         ]
+    settings.LOOP_IDEMPOTENT_RECEIVERS = [] if UNLISTED[0] else [url]  # as the workers have it
     perform = effects._perform
     effects._perform = timed("effect", perform)
     runner = Runner(label="explain")
@@ -278,6 +280,7 @@ def main() -> None:
     )
     options = parser.parse_args()
     if options.explain:
+        UNLISTED[0] = options.unlisted
         (ROOT / "var").mkdir(exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="pg-explain-", dir=ROOT / "var"))
         pg.setup_django(pg.fresh_database(options.pg, "pgbench_explain"), folder)
