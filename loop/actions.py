@@ -18,7 +18,9 @@ from . import calls, journal, open_steps, plans, rows
 from .models import (
     EffectState,
     EventKind,
+    Origin,
     QuestionKind,
+    ScheduleRun,
     Step,
     StepState,
     Task,
@@ -81,16 +83,38 @@ def cancel_unsettled(step: Step, *, actor: str) -> None:
 # ---- creating and changing plans -------------------------------------------------------------
 
 
-def create_task(*, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
-    """A task in `planning` with its steps, then `running`: one commit."""
+def create_task(
+    *,
+    plan: plans.PlanSpec,
+    actor: str,
+    user: Who,
+    origin: Origin = Origin.PLAN,
+    run: ScheduleRun | None = None,
+) -> Task:
+    """A task in `planning` with its steps, then `running`: one commit. A schedule's `run`
+    gives the task its origin message (the run's `[SCHEDULED TASK]` message)."""
     require(user, "create a task", actor=actor)
-    return _create(plan, actor)
+    return _create(plan, actor, origin=origin, run=run)
 
 
-def _create(plan: plans.PlanSpec, actor: str) -> Task:
+def _create(
+    plan: plans.PlanSpec,
+    actor: str,
+    *,
+    origin: Origin = Origin.PLAN,
+    run: ScheduleRun | None = None,
+) -> Task:
     with transaction.atomic():
-        task = Task.objects.create(title=plan.title, created_by=actor)
-        journal.record(EventKind.TASK_CREATED, task=task, actor=actor, title=plan.title)
+        task = Task.objects.create(
+            title=plan.title,
+            created_by=actor,
+            origin=origin,
+            origin_run=run,
+            origin_message_id=run.message_id if run else None,
+        )
+        journal.record(
+            EventKind.TASK_CREATED, task=task, actor=actor, title=plan.title, origin=origin
+        )
         _insert_steps(task, plan.steps, at=0, actor=actor)
         move_task(task, "start", actor=actor)
     return task

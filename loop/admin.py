@@ -318,3 +318,6 @@ class AgentTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "prefix", "user", "created_at", "last_used_at", "expires_at", "revoked")
     list_filter = ("revoked",)
     fields = ("name", "prefix", "user", "created_at", "last_used_at", "expires_at", "revoked")
+
+
+from . import admin_schedules as _schedules  # noqa: E402, F401  (registers its admins)

@@ -38,7 +38,7 @@ from django.template.loader import render_to_string
 
 from . import journal, open_steps, timeline
 from .models import Event, EventKind, Task
-from .pages import context
+from .pages import context, talk
 
 log = logging.getLogger("loop.live")
 
@@ -56,6 +56,17 @@ WORKER_KINDS = frozenset(
         EventKind.WORKER_STOPPED,
         EventKind.WORKER_PARKED,
         EventKind.WRITE_FAILED,
+    }
+)
+
+
+CONVERSATION_KINDS = frozenset(
+    {
+        EventKind.MESSAGE_POSTED,
+        EventKind.SCHEDULE_CREATED,
+        EventKind.SCHEDULE_EDITED,
+        EventKind.SCHEDULE_FIRED,
+        EventKind.SCHEDULE_FAILED,
     }
 )
 
@@ -96,7 +107,7 @@ class Topic:
 
     @classmethod
     def parse(cls, page: str, *, can_act: bool) -> Topic | None:
-        if page == "home":
+        if page in ("home", "conversation"):
             return cls(page, can_act)
         if page.startswith("task-") and page[5:].isdigit():
             return cls(page, can_act)
@@ -111,6 +122,8 @@ class Topic:
         return f"live.{PROCESS}.{self.page}.{'act' if self.can_act else 'read'}"
 
     def wants(self, event: Event) -> bool:
+        if self.page == "conversation":
+            return event.kind in CONVERSATION_KINDS
         return self.task_id is None or event.task_id == self.task_id
 
 
@@ -129,6 +142,12 @@ def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str
     """The message for `events` (already filtered for `topic`). `full` renders every part of
     the page (a replay); otherwise only the parts these events can have touched."""
     message: dict[str, Any] = {"events": [e.pk for e in events], "swaps": [], "rows": []}
+    if topic.page == "conversation":
+        page = talk.page_context()
+        for part in ("messages", "schedules"):
+            message["swaps"].append(_swap(part, f"loop/conversation.html#{part}", page))
+        message["count"] = context.waiting_count()
+        return message
     if topic.task_id is None:
         page = context.home(can_act=topic.can_act, with_banner=False)
         for part in ("needs-you", "running", "recent"):
@@ -188,6 +207,8 @@ def replay(topic: Topic, after: int) -> dict[str, Any]:
     events = Event.objects.filter(id__gt=after - trailing_window()).order_by("id")
     if topic.task_id is not None:
         events = events.filter(task_id=topic.task_id)
+    elif topic.page == "conversation":
+        events = events.filter(kind__in=CONVERSATION_KINDS)
     return render(topic, list(events), full=True)
 
 
@@ -281,7 +302,7 @@ class Tailer:
     def _banner(self, topics: list[Topic], events: list[Event]) -> list[tuple[str, dict[str, Any]]]:
         """Worker health changes without events too (a heartbeat goes stale): re-check the
         banner every few seconds and push it when it changed."""
-        homes = [t for t in topics if t.task_id is None]
+        homes = [t for t in topics if t.page == "home"]
         now = time.monotonic()
         if not homes or now - self.banner_at < BANNER_SECONDS:
             return []

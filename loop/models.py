@@ -99,6 +99,18 @@ class EventKind(models.TextChoices):
     WORKER_STOPPED = "worker_stopped"
     WORKER_PARKED = "worker_parked"
     WRITE_FAILED = "write_failed"
+    MESSAGE_POSTED = "message_posted"
+    SCHEDULE_CREATED = "schedule_created"
+    SCHEDULE_EDITED = "schedule_edited"
+    SCHEDULE_FIRED = "schedule_fired"
+    SCHEDULE_FAILED = "schedule_failed"
+
+
+class Origin(models.TextChoices):
+    PLAN = "plan", "Plan file"
+    API = "api", "API"
+    DASHBOARD = "dashboard", "Dashboard"
+    SCHEDULE = "schedule", "Schedule"
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
@@ -124,6 +136,15 @@ class Task(models.Model):
     lease_owner = models.BigIntegerField(null=True, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)
+    # Where it came from (§10). A schedule's run also names the message it posted: while that
+    # message is the conversation's latest, the task has a standing authorization.
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.PLAN)
+    origin_run = models.ForeignKey(
+        "ScheduleRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+    )
+    origin_message = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+    )
 
     objects = TaskQuerySet.as_manager()
 
@@ -377,3 +398,7 @@ class HealthCheck(models.Model):
 
     def __str__(self) -> str:
         return f"health check {self.pk}"
+
+
+# The conversation and schedules live in their own module; they are `loop` models all the same.
+from .talk import AuthorKind, Message, Schedule, ScheduleRun  # noqa: E402, F401

@@ -32,6 +32,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "edit steps": (STEER,),
     "supersede": (STEER, CREATE),  # it creates the successor
     "drive a step": (DRIVE,),
+    # A schedule's runs make tasks whose "May I do this?" is answered in advance (DESIGN.md
+    # §10): making one is creating tasks and answering for them.
+    "create a schedule": (CREATE, ANSWER),
 }
 
 

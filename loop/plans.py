@@ -21,12 +21,12 @@ from typing import Any, Literal
 import yaml
 from django.conf import settings
 
-from . import tools
+from . import cron, tools
 
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 REF_RE = re.compile(r"\$\{([A-Za-z0-9][A-Za-z0-9_-]*)((?:\.[A-Za-z0-9_-]+)*)\}")
 STEP_FIELDS = {"key", "title", "tool", "args", "side_effect", "confirm_before", "max_attempts"}
-PLAN_FIELDS = {"title", "schedule", "steps"}
+PLAN_FIELDS = {"title", "schedule", "timezone", "steps"}
 
 
 class PlanError(Exception):
@@ -50,6 +50,11 @@ class StepSpec:
 class PlanSpec:
     title: str
     steps: list[StepSpec] = field(default_factory=list)
+    # A plan with `schedule` makes a schedule, not a task: its runs make tasks from `template`
+    # (the plan without schedule and timezone, validated again at each run).
+    schedule: str | None = None
+    timezone: str | None = None
+    template: dict[str, Any] | None = None
 
 
 # ---- safe input --------------------------------------------------------------------------------
@@ -362,12 +367,35 @@ def validate(data: Any) -> PlanSpec:
         errors.append("title: required, a non-empty string")
     elif len(title) > 200:
         errors.append("title: at most 200 characters")
-    if data.get("schedule") is not None:
-        errors.append("schedule: schedules are not supported by this version")
+    schedule, zone = _schedule(data, errors)
     steps = validate_steps(data.get("steps"), errors=errors)
     if errors:
         raise PlanError(errors)
-    return PlanSpec(title=str(title).strip(), steps=steps)
+    template = None
+    if schedule is not None:
+        template = {k: v for k, v in data.items() if k not in ("schedule", "timezone")}
+    return PlanSpec(
+        title=str(title).strip(), steps=steps, schedule=schedule, timezone=zone, template=template
+    )
+
+
+def _schedule(data: dict[str, Any], errors: list[str]) -> tuple[str | None, str | None]:
+    schedule, zone = data.get("schedule"), data.get("timezone")
+    if schedule is None:
+        if zone is not None:
+            errors.append("timezone: only with 'schedule'")
+        return None, None
+    if zone is None:
+        zone = settings.TIME_ZONE
+    if not isinstance(schedule, str) or not schedule.strip():
+        errors.append("schedule: must be a cron expression, such as '0 8 * * MON'")
+        return None, None
+    if not isinstance(zone, str):
+        errors.append("timezone: must be a time zone name, such as 'Europe/Berlin'")
+        return None, None
+    found = cron.check(schedule.strip(), zone)
+    errors.extend(found)
+    return (None, None) if found else (schedule.strip(), zone)
 
 
 def validate_steps(

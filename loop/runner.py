@@ -23,7 +23,7 @@ from django.db import DatabaseError, close_old_connections, connections, transac
 from django.db.models import Q
 from django.utils import timezone
 
-from . import effects, journal, lease, prune
+from . import effects, journal, lease, prune, schedules
 from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
@@ -58,6 +58,7 @@ class Runner(StepLifecycle):
         self.in_hand = ""  # the task and step being claimed or started, for error messages
         self._found_work = False
         self._claimed_at = 0.0  # when this tick claimed its task: chaining stops after a while
+        self._schedules_polled = -schedules.POLL_SECONDS
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
         self._declared_dead = False  # set by the heartbeat thread, handled by the main loop
@@ -112,7 +113,8 @@ class Runner(StepLifecycle):
                 if self._declared_dead:
                     self._reborn()
                 try:
-                    found = self.tick()
+                    fired = self.fire_schedules()
+                    found = self.tick() or fired
                     failures, failed = 0, ""
                 except DatabaseError as exc:  # already logged and kept for the worker's row
                     failures += 1
@@ -135,6 +137,24 @@ class Runner(StepLifecycle):
             beat.join(timeout=5)
             self._stopped()
         return failed
+
+    def fire_schedules(self) -> bool:
+        """Fire the schedules due now (at most every `schedules.POLL_SECONDS`); True if this
+        worker fired one. The slot's claim makes this safe in any number of workers."""
+        now = time.monotonic()
+        if self.parked_reason:
+            return False  # parked: no new work, and a run's task is new work
+        if now - self._schedules_polled < schedules.POLL_SECONDS and not self.once:
+            return False
+        self._schedules_polled = now
+        self.in_hand = "firing due schedules"
+        try:
+            return bool(schedules.fire_due(actor=self.actor))
+        except DatabaseError as exc:
+            self._write_failed(exc, [])
+            raise
+        finally:
+            self.in_hand = ""
 
     def _install_signals(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import questions
-from .models import Effect, Event, Step, Task
+from .models import Effect, Event, Origin, Step, Task
 
 
 def effect_dict(effect: Effect) -> dict[str, Any]:
@@ -75,8 +75,20 @@ def task_dict(task: Task) -> dict[str, Any]:
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
         "steps": [step_dict(s, by_step.get(s.pk, [])) for s in steps],
+        "origin": origin_dict(task),
         "events": [event_dict(e) for e in Event.objects.filter(task=task).order_by("id")],
     }
+
+
+def origin_dict(task: Task) -> dict[str, Any]:
+    """Where the task came from: `{"kind", "schedule"?, "message"?}`."""
+    found: dict[str, Any] = {"kind": task.origin}
+    if task.origin == Origin.SCHEDULE and task.origin_run is not None:
+        found["schedule"] = task.origin_run.schedule.name
+        found["run"] = task.origin_run_id
+    if task.origin_message_id is not None:
+        found["message"] = task.origin_message_id
+    return found
 
 
 def event_dict(event: Event) -> dict[str, Any]:

@@ -33,7 +33,19 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import actions, calls, effects, guard, journal, lease, open_steps, questions, rows, tools
+from . import (
+    actions,
+    calls,
+    conversation,
+    effects,
+    guard,
+    journal,
+    lease,
+    open_steps,
+    questions,
+    rows,
+    tools,
+)
 from .health import low_disk_reason
 from .judges import Verdict
 from .judges import tool as tool_judge
@@ -256,11 +268,24 @@ class StepLifecycle:
             and step.authorized_call != calls.of(step),
             repeatable=repeatable,
         )
-        decision = guard.decide(
-            facts,
-            [guard.EffectFacts(e.state, e.safe_to_repeat, _live(e, now)) for e in step_effects],
-            resume_unsent=settings.LOOP_RESUME_UNSENT,
-        )
+        effect_facts = [
+            guard.EffectFacts(e.state, e.safe_to_repeat, _live(e, now)) for e in step_effects
+        ]
+        decision = guard.decide(facts, effect_facts, resume_unsent=settings.LOOP_RESUME_UNSENT)
+        if decision in ASKS_MAY_I and _standing(task):
+            decision = guard.decide(
+                facts, effect_facts, resume_unsent=settings.LOOP_RESUME_UNSENT, standing=True
+            )
+            if decision is guard.Decision.START_AUTO_CONFIRMED:
+                rule = "confirm_before" if step.state == StepState.PENDING else "resume_unsent"
+                journal.record(
+                    EventKind.SIDE_EFFECT_AUTO_CONFIRMED,
+                    step=step,
+                    actor=self.actor,
+                    run=task.origin_run_id,
+                    message=task.origin_message_id,
+                    rule=rule,
+                )
         if decision.starts:
             starts.append((step, decision))
             return Started(task.pk, epoch, step, asks_if_cut=step.side_effect and not repeatable)
@@ -344,8 +369,6 @@ class StepLifecycle:
                 )
             elif decision is guard.Decision.START_RESUMED_UNSENT:
                 journal.record(EventKind.SIDE_EFFECT_RESUMED_UNSENT, step=step, actor=self.actor)
-            elif decision is guard.Decision.START_AUTO_CONFIRMED:
-                journal.record(EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step=step, actor=self.actor)
 
     def _ask(self, step: Step, kind: str, text: str, **fields: str) -> None:
         move_step(
@@ -500,6 +523,16 @@ def _first_open_steps(task_ids: list[int]) -> dict[int, Step]:
     """Each task's first step that is neither done nor failed, in plan order, with one
     statement through the partial index step_open: bounded, however long the task's history."""
     return open_steps.first_open(task_ids)
+
+
+ASKS_MAY_I = (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT)
+
+
+def _standing(task: Task) -> bool:
+    """A standing authorization (§10): the task was created by a schedule's run whose message
+    is still the conversation's latest. Asked only when the guard would ask "May I do this?"
+    (one lookup on the messages' primary key)."""
+    return task.origin_message_id is not None and task.origin_message_id == conversation.latest_id()
 
 
 def _live(effect: Effect, now: datetime) -> bool:

@@ -2,15 +2,17 @@ from django.urls import path, re_path
 
 from . import views
 from .api import agent as api_agent
+from .api import talk as api_talk
 from .api import views as api
 from .api.core import not_found, route
-from .pages import decide, home, task
+from .pages import decide, home, talk, task
 
 app_name = "loop"
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("", home.home, name="home"),
     path("tasks/new", home.new_task, name="new_task"),
+    path("conversation", talk.conversation_page, name="conversation"),
     path("tasks/<int:task_id>", task.task_page, name="task"),
     path("tasks/<int:task_id>/steps", task.add_steps, name="add_steps"),
     path("tasks/<int:task_id>/supersede", task.supersede, name="supersede"),
@@ -32,5 +34,15 @@ urlpatterns = [
     path("api/steps/<int:step_id>/unblock", route(post=api.unblock), name="api_unblock"),
     path("api/effects", route(post=api_agent.effect), name="api_effects"),
     path("api/events", route(get=api.events), name="api_events"),
+    path(
+        "api/messages",
+        route(get=api_talk.list_messages, post=api_talk.post_message),
+        name="api_messages",
+    ),
+    path(
+        "api/schedules",
+        route(get=api_talk.list_schedules, post=api_talk.create_schedule),
+        name="api_schedules",
+    ),
     re_path(r"^api(?:/|$)", not_found),  # any other /api/ path: a JSON 404, not Django's HTML
 ]

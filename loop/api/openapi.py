@@ -328,6 +328,7 @@ def document() -> dict[str, Any]:
                     ),
                 },
             },
+            **CONVERSATION_PATHS,
         },
         "components": {
             "securitySchemes": {
@@ -472,4 +473,63 @@ SCHEMAS: dict[str, Any] = {
         data="object",
         created_at="string",
     ),
+}
+
+SCHEMAS.update(
+    {
+        "Message": _typed(
+            id="integer", author="string", author_kind="string", text="string", at="string"
+        ),
+        "ScheduledPlan": {
+            **_typed(
+                title="string",
+                schedule="string",
+                timezone="string",
+                steps={"type": "array", "items": _ref("PlanStep")},
+            ),
+            "required": ["title", "schedule", "steps"],
+        },
+        "Schedule": _typed(
+            id="integer",
+            name="string",
+            cron="string",
+            timezone="string",
+            enabled="boolean",
+            next_due={"type": ["string", "null"]},
+            last_run={"type": ["object", "null"]},
+            last_error="string",
+            plan="object",
+        ),
+    }
+)
+
+CONVERSATION_PATHS: dict[str, Any] = {
+    "/api/messages": {
+        "get": {
+            "summary": "The conversation after message `after`, oldest first, up to 500",
+            "parameters": [
+                {"name": "after", "in": "query", "schema": {"type": "integer", "default": 0}}
+            ],
+            "responses": _answers(200, {"type": "array", "items": _ref("Message")}, 400),
+        },
+        "post": _command(
+            "Write in the conversation (ends any schedule's standing authorization)",
+            _object(["text"], text={"type": "string"}),
+            201,
+            _ref("Message"),
+        ),
+    },
+    "/api/schedules": {
+        "get": {
+            "summary": "Every schedule with its next due time and last run",
+            "responses": _answers(200, {"type": "array", "items": _ref("Schedule")}),
+        },
+        "post": _command(
+            "Create a schedule from a plan with `schedule`",
+            _ref("ScheduledPlan"),
+            201,
+            _ref("Schedule"),
+            409,
+        ),
+    },
 }

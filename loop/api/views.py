@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from .. import actions, plans
-from ..models import Event, Task
+from ..models import Event, Origin, Task
 from ..serialize import step_dict, task_dict, task_summary
 from .core import ApiError, Call, command, get_step, get_task, reads
 from .openapi import document
@@ -28,7 +28,11 @@ def show_task(call: Call, task_id: int) -> HttpResponse:
 @command()
 def create_task(call: Call) -> HttpResponse:
     plan = plans.validate(call.body())
-    task = actions.create_task(plan=plan, actor=call.agent.actor, user=call.agent.user)
+    if plan.schedule is not None:
+        raise ApiError(400, "schedule: a plan with a schedule goes to POST /api/schedules")
+    task = actions.create_task(
+        plan=plan, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
+    )
     return JsonResponse(task_dict(task), status=201)
 
 

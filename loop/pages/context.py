@@ -14,7 +14,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from .. import health, lease, open_steps, questions, timeline
-from ..models import Effect, Event, QuestionKind, Step, StepState, Task, TaskState
+from ..models import Effect, Event, EventKind, QuestionKind, Step, StepState, Task, TaskState
 
 ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
 FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
@@ -67,6 +67,9 @@ class StepView:
     current: bool = False
     # Each effect with its receipt and its request in full.
     receipts: list[tuple[Effect, str, questions.Request]] = field(default_factory=list)
+    # Why it ran without asking, when a schedule's standing authorization let it (§10): the
+    # rule of its latest `side_effect_auto_confirmed`, e.g. "confirm_before, run 3".
+    standing: str = ""
 
 
 def pretty(value: Any) -> str:
@@ -240,7 +243,15 @@ def step_views(
         current, chosen = window.current, window.steps
     effects = _effects_by_step([s.pk for s in chosen])
     current_id = current.pk if current else None
-    return [step_view(s, effects[s.pk], current=s.pk == current_id) for s in chosen]
+    views = [step_view(s, effects[s.pk], current=s.pk == current_id) for s in chosen]
+    if task.origin_run_id is not None:
+        passes = Event.objects.filter(
+            task=task, kind=EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step__in=[s.pk for s in chosen]
+        ).order_by("id")
+        why = {e.step_id: f"{e.data.get('rule')}, run {e.data.get('run')}" for e in passes}
+        for view in views:
+            view.standing = why.get(view.step.pk, "")
+    return views
 
 
 @dataclass

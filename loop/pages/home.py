@@ -8,8 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .. import actions
+from .. import actions, schedules
 from ..forms import PlanForm
+from ..models import Origin
 from . import context
 from .respond import actor, answer, can_act
 
@@ -36,12 +37,18 @@ def new_task(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = PlanForm(request.POST, request.FILES)
         if form.is_valid():
+            spec = form.cleaned_data["spec"]
             try:
+                if spec.schedule is not None:
+                    schedules.create(spec=spec, actor=actor(request), user=request.user)
+                    return redirect("loop:conversation")
                 task = actions.create_task(
-                    plan=form.cleaned_data["spec"], actor=actor(request), user=request.user
+                    plan=spec, actor=actor(request), user=request.user, origin=Origin.DASHBOARD
                 )
             except PermissionDenied as exc:
                 return answer(request, str(exc), status=403)
+            except actions.Refused as exc:
+                return answer(request, str(exc), status=400)
             return redirect("loop:task", task_id=task.pk)
         status = 400
     return render(

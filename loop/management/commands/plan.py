@@ -6,13 +6,16 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from loop import actions, plans
+from loop import actions, plans, schedules
 from loop.management.base import LoopCommand
 from loop.permissions import SYSTEM
 
 
 class Command(LoopCommand):
-    help = "Create a task from a plan file (YAML or JSON); prints the new task's id."
+    help = (
+        "Create a task from a plan file (YAML or JSON); prints the new task's id. A plan with "
+        "'schedule' creates a schedule instead and prints its name."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", help="plan file, or - for standard input")
@@ -33,7 +36,15 @@ class Command(LoopCommand):
             spec = plans.parse(raw)
         except plans.PlanError as exc:
             raise CommandError("invalid plan:\n  " + "\n  ".join(exc.errors)) from None
-        task = actions.create_task(plan=spec, actor=f"cli:{getpass.getuser()}", user=SYSTEM)
+        actor = f"cli:{getpass.getuser()}"
+        if spec.schedule is not None:
+            try:
+                schedule = schedules.create(spec=spec, actor=actor, user=SYSTEM)
+            except actions.Refused as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(schedule.name)
+            return
+        task = actions.create_task(plan=spec, actor=actor, user=SYSTEM)
         self.stdout.write(str(task.pk))
 
     @property

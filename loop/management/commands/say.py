@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from loop import conversation
+from loop.models import AuthorKind
+
+
+class Command(BaseCommand):
+    help = "Write a message in the conversation (it ends any schedule's standing authorization)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("text")
+        parser.add_argument("--as", dest="user", help="author's name (default: your login)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        author = options["user"] or getpass.getuser()
+        try:
+            message = conversation.post(author=author, kind=AuthorKind.USER, text=options["text"])
+        except conversation.MessageError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(str(message.pk))

@@ -1,0 +1,73 @@
+"""The conversation page: the messages, a box to write in, and the schedules with their next
+due time and last run. Live over the same WebSocket feed (topic "conversation")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from .. import conversation
+from ..models import AuthorKind, Message, Schedule, ScheduleRun
+from . import context
+from .respond import actor, answer, can_act
+
+SHOWN = 200  # the latest messages on the page
+
+
+@dataclass
+class ScheduleRow:
+    schedule: Schedule
+    last: ScheduleRun | None
+    last_task: int | None
+
+
+def schedule_rows() -> list[ScheduleRow]:
+    rows = []
+    for schedule in Schedule.objects.order_by("name"):
+        last = schedule.runs.order_by("-due_at").first()
+        task = last.tasks.values_list("pk", flat=True).first() if last else None
+        rows.append(ScheduleRow(schedule, last, task))
+    return rows
+
+
+def page_context() -> dict[str, Any]:
+    """What the page and its live pushes render (`loop/live.py` calls this too)."""
+    shown: list[Message] = conversation.history(limit=SHOWN)
+    return {
+        "talk": shown,
+        "latest_message": shown[-1].pk if shown else None,
+        "schedules": schedule_rows(),
+    }
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def conversation_page(request: HttpRequest) -> HttpResponse:
+    """GET shows the conversation; POST writes Dad's message (ending any schedule's standing
+    authorization) and shows the page again."""
+    if request.method == "POST":
+        try:
+            conversation.post(
+                author=actor(request), kind=AuthorKind.USER, text=request.POST.get("text", "")
+            )
+        except conversation.MessageError as exc:
+            return answer(request, str(exc), status=400, fallback="/conversation")
+        return redirect("loop:conversation")
+    last = context.last_event_id()
+    return render(
+        request,
+        "loop/conversation.html",
+        {
+            **page_context(),
+            "can_act": can_act(request),
+            "waiting": context.waiting_count(),
+            "last_event": last,
+            "seen_events": context.seen_near(last),
+            "topic": "conversation",
+        },
+    )
