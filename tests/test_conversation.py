@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
 from loop import plans, schedules
 from loop.api.core import issue
@@ -221,3 +222,31 @@ def test_a_message_written_while_a_run_commits_is_later_than_the_runs() -> None:
     writer.join(10)
     assert ids["dad"] > ids["run"]
     assert conversation.latest_id() == ids["dad"]
+
+
+def test_a_plan_with_a_schedule_on_the_new_task_page_makes_a_schedule(db: None, dad: User) -> None:
+    client = Client()
+    client.force_login(dad)
+    plan = {"title": "numbers", "schedule": "0 8 * * MON", "steps": [step("a")]}
+    response = client.post("/tasks/new", {"plan": json.dumps(plan)})
+    assert response.status_code == 302 and response["Location"] == "/conversation"
+    assert Schedule.objects.get().name == "numbers" and not Task.objects.exists()
+    again = client.post("/tasks/new", {"plan": json.dumps(plan)})
+    assert again.status_code == 400 and Schedule.objects.count() == 1
+
+
+def test_a_failed_run_shows_on_the_conversation_page(db: None, dad: User, settings: Any) -> None:
+    settings.LOOP_SHELL_ENABLED = True
+    plan = {
+        "title": "backup",
+        "schedule": "0 3 * * *",
+        "steps": [step("run", "shell.run", args={"argv": ["true"]})],
+    }
+    schedule = schedules.create(spec=plans.validate(plan), actor="dad")
+    settings.LOOP_SHELL_ENABLED = False
+    Schedule.objects.filter(pk=schedule.pk).update(next_due=timezone.now() - timedelta(minutes=1))
+    [run] = schedules.fire_due(actor="test")
+    client = Client()
+    client.force_login(dad)
+    page = client.get("/conversation").content.decode()
+    assert f"Failed: {escape(run.error)}" in page and "tool &#x27;shell.run&#x27; is off" in page

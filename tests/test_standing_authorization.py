@@ -68,7 +68,7 @@ def passes(task: Task) -> list[dict[str, Any]]:
 
 
 def test_the_current_runs_task_runs_without_asking_and_the_journal_says_why(
-    receiver: Receiver,
+    receiver: Receiver, dad: User
 ) -> None:
     schedule = scheduled(receiver.url())
     worker_once()  # the worker fires the schedule, then runs the task's step
@@ -89,6 +89,11 @@ def test_the_current_runs_task_runs_without_asking_and_the_journal_says_why(
     assert auto["data"] == {"run": run.pk, "message": run.message_id, "rule": "confirm_before"}
     kinds = [e["kind"] for e in shown["events"]]
     assert kinds.index("side_effect_auto_confirmed") < kinds.index("step_started")
+    client = Client()
+    client.force_login(dad)
+    page = client.get(f"/tasks/{task.pk}").content.decode()
+    assert "Ran under the schedule's standing authorization" in page
+    assert f"(confirm_before, run {run.pk})" in page and "from schedule <strong" in page
     said = json.loads(manage("conversation", "--json"))
     assert said == [
         {
