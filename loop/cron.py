@@ -7,12 +7,12 @@ the skipped hour runs right after the change, a time in the repeated hour runs o
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-MISSED_CAP = 100_000  # counting missed slots stops here (a long outage of a minutely cron)
+MISSED_CAP = 10_000  # counting missed slots stops here (a long outage of a minutely cron)
 
 
 def zone(name: str) -> ZoneInfo:
@@ -49,7 +49,8 @@ def catch_up(
 ) -> tuple[datetime, int, datetime]:
     """Given the first unfired due time `due` (<= now): the latest due time not after `now`
     (the one that fires), how many earlier ones it stands for (missed), and the next due time
-    after `now`. A count that reaches MISSED_CAP stops there."""
+    after `now`. A count that reaches MISSED_CAP stops there (the journal then says at least
+    that many were missed)."""
     latest, missed = due, 0
     slots = CronSim(expr, due.astimezone(zone(zone_name)))
     for slot in slots:
@@ -65,6 +66,9 @@ def catch_up(
 
 
 def _last_not_after(expr: str, zone_name: str, now: datetime, floor: datetime) -> datetime:
-    reverse = CronSim(expr, now.astimezone(zone(zone_name)), reverse=True)
-    slot = next(reverse).astimezone(UTC)
-    return slot if slot > floor else floor
+    # cronsim's reverse walk yields times strictly before its start: start just after now.
+    for slot in CronSim(expr, (now + timedelta(seconds=1)).astimezone(zone(zone_name)), True):
+        slot = slot.astimezone(UTC)
+        if slot <= now:
+            return max(slot, floor)
+    return floor

@@ -17,7 +17,7 @@ import time_machine
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from loop import plans, schedules
+from loop import cron, plans, schedules
 from loop.models import Event, Message, Schedule, ScheduleRun, Task
 from loop.permissions import SYSTEM
 
@@ -279,3 +279,15 @@ def test_a_template_that_no_longer_validates_fails_its_run_visibly_once(
     assert not ok.error and Task.objects.count() == 1
     schedule.refresh_from_db()
     assert schedule.last_error == ""
+
+
+def test_a_long_outage_of_a_minutely_schedule_fires_once_counting_up_to_the_cap(db: None) -> None:
+    start = datetime(2026, 6, 1, tzinfo=UTC)
+    with time_machine.travel(start, tick=False) as clock:
+        schedule = make_schedule("* * * * *", "Europe/Berlin")
+        clock.move_to(start + timedelta(days=30))  # 43,200 slots; now is exactly on one
+        [run] = schedules.fire_due(actor="w1")
+        assert schedules.fire_due(actor="w1") == []
+    assert run.due_at == start + timedelta(days=30) and run.missed == cron.MISSED_CAP
+    schedule.refresh_from_db()
+    assert schedule.next_due == start + timedelta(days=30, minutes=1)
