@@ -29,7 +29,11 @@ class Command(LoopCommand):
     help = "Run the loop: boot reconciliation, then claim and run steps until signalled."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true", help="reconcile, at most one tick, exit")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="reconcile, fire due schedules, at most one tick, exit",
+        )
         parser.add_argument("--worker-id", type=label, default=None, help="a label for this worker")
         parser.add_argument(
             "--batch", type=batch, default=None, help="tasks moved per commit (LOOP_BATCH)"
