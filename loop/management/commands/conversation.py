@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from loop import conversation
+from loop.management.base import LoopCommand
 from loop.tools.shown import terminal_safe
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Show the conversation, oldest first."
 
     def add_arguments(self, parser: CommandParser) -> None:

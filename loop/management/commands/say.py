@@ -3,13 +3,14 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from loop import conversation
+from loop.management.base import LoopCommand
 from loop.models import AuthorKind
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Write a message in the conversation (it ends any schedule's standing authorization)."
 
     def add_arguments(self, parser: CommandParser) -> None:
