@@ -53,6 +53,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     readonly_fields = ("next_due", "last_run_at", "last_error", "created_by", "created_at")
     inlines = [RunInline]
 
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False  # switch it off instead: that is journaled, and its runs stay readable
+
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
         actor = f"admin:{request.user.get_username()}"
         data = form.cleaned_data
