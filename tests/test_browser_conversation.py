@@ -22,6 +22,7 @@ from .test_browser import (  # noqa: F401  (fixtures)
     Receiver,
     browser,
     dad_user,
+    live_open,
     log_in,
     pay_step,
     receiver,
@@ -61,7 +62,7 @@ def test_dad_writes_and_the_scheduled_payment_asks_him_instead_of_running(
 
     page = log_in(chromium, base, "dad", "dad-password-1")
     page.goto(base + "/conversation")
-    page.wait_for_function("document.body.dataset.live === 'open'")
+    live_open(page)
     expect(page.locator(f"#message-{run.message_id}")).to_contain_text(
         "[SCHEDULED TASK] Pay the plumber weekly"
     )
@@ -80,7 +81,7 @@ def test_dad_writes_and_the_scheduled_payment_asks_him_instead_of_running(
     page.wait_for_url(base + "/conversation")
     mine = page.locator(".message.author-user").last
     expect(mine).to_contain_text("Wait - the plumber has not finished yet.")
-    page.wait_for_function("document.body.dataset.live === 'open'")
+    live_open(page)
     page.evaluate("window.__noReload = true")
 
     # Pippa answers from the shell: the message arrives live, without a reload.
