@@ -27,6 +27,10 @@ class Command(LoopCommand):
             self.stdout.write(json.dumps(data, indent=2, default=str))
             return
         self.stdout.write(f"task {data['id']}: {data['title']} [{data['state']}]")
+        origin = data["origin"]
+        if origin["kind"] == "schedule":
+            where = f"schedule {terminal_safe(origin.get('schedule', '?'))}, message {origin.get('message')}"
+            self.stdout.write(f"  from {where}")
         for step in data["steps"]:
             self.stdout.write(
                 f"  {step['id']:>6} {step['key']:<20} {step['state']:<8} "
