@@ -12,6 +12,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from cronsim import CronSimError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -117,9 +118,18 @@ def fire(*, schedule_id: int, actor: str, now: datetime) -> ScheduleRun | None:
         schedule = Schedule.objects.filter(pk=schedule_id, enabled=True, next_due__lte=now).first()
         if schedule is None:
             return None
-        due_at, missed, next_due = cron.catch_up(
-            schedule.cron, schedule.timezone, schedule.next_due, now
-        )
+        try:
+            due_at, missed, next_due = cron.catch_up(
+                schedule.cron, schedule.timezone, schedule.next_due, now
+            )
+        except (CronSimError, ValueError) as exc:
+            # Only a row changed behind the admin's back gets here: without due times it
+            # can't fire, so it is switched off, visibly, rather than failing every second.
+            error = f"switched off: its cron or time zone no longer reads: {exc}"
+            Schedule.objects.filter(pk=schedule.pk).update(enabled=False, last_error=error)
+            journal.record(EventKind.SCHEDULE_FAILED, actor=actor, error=error, **_named(schedule))
+            log.error("%s: %s", schedule, error)
+            return None
         claimed = Schedule.objects.filter(
             pk=schedule.pk, enabled=True, next_due=schedule.next_due
         ).update(next_due=next_due, last_run_at=now)

@@ -291,3 +291,15 @@ def test_a_long_outage_of_a_minutely_schedule_fires_once_counting_up_to_the_cap(
     assert run.due_at == start + timedelta(days=30) and run.missed == cron.MISSED_CAP
     schedule.refresh_from_db()
     assert schedule.next_due == start + timedelta(days=30, minutes=1)
+
+
+def test_a_cron_that_no_longer_reads_switches_the_schedule_off_visibly(db: None) -> None:
+    schedule = make_schedule("0 8 * * *")
+    Schedule.objects.filter(pk=schedule.pk).update(
+        cron="0 8 * * NOPE", next_due=datetime(2026, 1, 1, tzinfo=UTC)
+    )  # changed behind the admin's back
+    assert schedules.fire_due(actor="w1") == []
+    schedule.refresh_from_db()
+    assert not schedule.enabled and schedule.last_error.startswith("switched off: its cron")
+    assert schedules.fire_due(actor="w1") == []
+    assert [e["error"] for e in fired_events("schedule_failed")] == [schedule.last_error]
