@@ -242,7 +242,7 @@ def test_a_failed_run_shows_on_the_conversation_page(db: None, dad: User, settin
         "schedule": "0 3 * * *",
         "steps": [step("run", "shell.run", args={"argv": ["true"]})],
     }
-    schedule = schedules.create(spec=plans.validate(plan), actor="dad")
+    schedule = schedules.create(spec=plans.validate(plan), actor="dad", user=SYSTEM)
     settings.LOOP_SHELL_ENABLED = False
     Schedule.objects.filter(pk=schedule.pk).update(next_due=timezone.now() - timedelta(minutes=1))
     [run] = schedules.fire_due(actor="test")
@@ -250,3 +250,19 @@ def test_a_failed_run_shows_on_the_conversation_page(db: None, dad: User, settin
     client.force_login(dad)
     page = client.get("/conversation").content.decode()
     assert f"Failed: {escape(run.error)}" in page and "tool &#x27;shell.run&#x27; is off" in page
+
+
+def test_making_a_schedule_needs_creating_and_answering(db: None, guest: User) -> None:
+    """A schedule's runs answer "May I do this?" in advance: only someone who may create
+    tasks and answer questions may make one. The refusal is journaled; nothing is made."""
+    plan = {"title": "numbers", "schedule": "0 8 * * MON", "steps": [step("a")]}
+    refused = Agent(guest).post("/api/schedules", plan)
+    assert refused.status_code == 403, refused.content
+    client = Client()
+    client.force_login(guest)
+    assert client.post("/tasks/new", {"plan": json.dumps(plan)}).status_code == 403
+    assert not Schedule.objects.exists()
+    assert [e.data["action"] for e in Event.objects.filter(kind="decision_refused")] == [
+        "create a schedule",
+        "create a schedule",
+    ]

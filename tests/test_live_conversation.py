@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from loop import conversation, live, plans, schedules
 from loop.models import AuthorKind, Event, Schedule
+from loop.permissions import SYSTEM
 
 from .conftest import make_task, step
 from .test_live_consumer import connect_as, run
@@ -34,7 +35,7 @@ def test_messages_and_runs_arrive_live_and_task_events_do_not(
     transactional_db: None, dad: User
 ) -> None:
     plan = {"title": "numbers", "schedule": "0 8 * * MON", "steps": [step("a")]}
-    schedule = schedules.create(spec=plans.validate(plan), actor="dad")
+    schedule = schedules.create(spec=plans.validate(plan), actor="dad", user=SYSTEM)
     start = Event.objects.order_by("-id").values_list("id", flat=True).first()
 
     def say(text: str) -> int:
