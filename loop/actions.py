@@ -230,14 +230,17 @@ def resume(*, task_id: int, actor: str, user: Who) -> Task:
     return task
 
 
-def supersede(*, task_id: int, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
-    """Replace a task by a successor created from `plan`; the old task's pending steps never run."""
+def supersede(
+    *, task_id: int, plan: plans.PlanSpec, actor: str, user: Who, origin: Origin = Origin.PLAN
+) -> Task:
+    """Replace a task by a successor created from `plan` (where the plan came from: `origin`);
+    the old task's pending steps never run."""
     require(user, "supersede", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
             raise Refused(f"can't supersede when the task is {task.state}")
-        successor = _create(plan, actor)
+        successor = _create(plan, actor, origin=origin)
         _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
     return successor
 

@@ -110,7 +110,8 @@ def test_schedules_over_the_api(db: None, dad: User) -> None:
 
 def test_each_task_records_its_origin(db: None, dad: User) -> None:
     by_plan = make_task(step("a"))
-    created = Agent(dad).post("/api/tasks", {"title": "by api", "steps": [step("a")]})
+    agent = Agent(dad)
+    created = agent.post("/api/tasks", {"title": "by api", "steps": [step("a")]})
     by_api = Task.objects.get(pk=created.json()["id"])
     client = Client()
     client.force_login(dad)
@@ -119,6 +120,10 @@ def test_each_task_records_its_origin(db: None, dad: User) -> None:
     assert task_dict(by_plan)["origin"] == {"kind": "plan"}
     assert task_dict(by_api)["origin"] == {"kind": "api"}
     assert task_dict(by_dashboard)["origin"] == {"kind": "dashboard"}
+    replaced = agent.post(
+        f"/api/tasks/{by_plan.pk}/supersede", {"title": "again", "steps": [step("b")]}
+    )
+    assert replaced.status_code == 201 and replaced.json()["origin"] == {"kind": "api"}
     events = task_dict(by_plan)["events"]
     assert [e["kind"] for e in events][:2] == ["task_created", "steps_added"]
     assert set(events[0]) == {"id", "kind", "step", "actor", "at", "data"}

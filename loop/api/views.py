@@ -74,7 +74,7 @@ def supersede(call: Call, task_id: int) -> HttpResponse:
     plan = plans.validate(call.body())
     get_task(task_id)
     successor = actions.supersede(
-        task_id=task_id, plan=plan, actor=call.agent.actor, user=call.agent.user
+        task_id=task_id, plan=plan, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
     )
     return JsonResponse(task_dict(successor), status=201)
 

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from .. import actions, plans
 from ..forms import AddStepsForm, PlanForm
-from ..models import Task
+from ..models import Origin, Task
 from . import context
 from .respond import actor, answer, can_act
 
@@ -93,6 +93,7 @@ def supersede(request: HttpRequest, task_id: int) -> HttpResponse:
                 plan=form.cleaned_data["spec"],
                 actor=actor(request),
                 user=request.user,
+                origin=Origin.DASHBOARD,
             )
         except PermissionDenied as exc:
             return answer(request, str(exc), status=403)
