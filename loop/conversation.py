@@ -9,6 +9,7 @@ from django.db import connection, transaction
 
 from . import journal
 from .models import AuthorKind, EventKind, Message
+from .permissions import Who, require
 
 MAX_TEXT = 10_000
 
@@ -17,9 +18,10 @@ class MessageError(ValueError):
     """The message is refused; nothing was posted."""
 
 
-def post(*, author: str, kind: AuthorKind, text: str) -> Message:
+def post(*, author: str, kind: AuthorKind, text: str, user: Who) -> Message:
     """Append a message and journal it. Joins the caller's transaction if there is one (a
     schedule's run posts its message with its task)."""
+    require(user, "write in the conversation", actor=author)
     if not isinstance(text, str) or not text.strip():
         raise MessageError("text: required, a non-empty string")
     if len(text) > MAX_TEXT:

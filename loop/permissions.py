@@ -22,6 +22,7 @@ ANSWER = "loop.confirm_step"  # Dad's: answer "May I do this?" / "Did this happe
 STEER = ANSWER  # pausing, resuming, re-planning someone's task is Dad's too
 CREATE = "loop.add_task"
 DRIVE = "loop.change_step"  # run a step yourself: next, renew, effects, commit, release
+WRITE = "loop.add_message"  # write in the conversation (it ends a schedule's standing pass)
 
 NEEDS: dict[str, tuple[str, ...]] = {
     "create a task": (CREATE,),
@@ -35,6 +36,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     # A schedule's runs make tasks whose "May I do this?" is answered in advance (DESIGN.md
     # §10): making one is creating tasks and answering for them.
     "create a schedule": (CREATE, ANSWER),
+    "write in the conversation": (WRITE,),
 }
 
 

@@ -156,7 +156,10 @@ def fire(*, schedule_id: int, actor: str, now: datetime) -> ScheduleRun | None:
             return run
         author = f"schedule:{schedule.name}"
         run.message = conversation.post(
-            author=author, kind=AuthorKind.SCHEDULE, text=f"[SCHEDULED TASK] {schedule.name}"
+            author=author,
+            kind=AuthorKind.SCHEDULE,
+            text=f"[SCHEDULED TASK] {schedule.name}",
+            user=SYSTEM,
         )
         ScheduleRun.objects.filter(pk=run.pk).update(message=run.message)
         task = actions.create_task(

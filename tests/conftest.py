@@ -65,7 +65,7 @@ def run_until_idle(runner: Runner, limit: int = 200) -> int:
     return ticks
 
 
-DAD_PERMISSIONS = ("loop.confirm_step", "loop.add_task", "loop.change_step")
+DAD_PERMISSIONS = ("loop.confirm_step", "loop.add_task", "loop.change_step", "loop.add_message")
 
 
 def permission_objects(*names: str) -> list[Permission]:

@@ -184,6 +184,22 @@ ENDPOINTS = [
         lease=True,
     ),
     Endpoint("api_events", "GET", lambda w: ("/api/events?after=0", None), 200, None),
+    Endpoint("api_messages", "GET", lambda w: ("/api/messages", None), 200, None),
+    Endpoint(
+        "api_messages",
+        "POST",
+        lambda w: ("/api/messages", {"text": "not this week"}),
+        201,
+        "write in the conversation",
+    ),
+    Endpoint("api_schedules", "GET", lambda w: ("/api/schedules", None), 200, None),
+    Endpoint(
+        "api_schedules",
+        "POST",
+        lambda w: ("/api/schedules", {**NEW_PLAN, "schedule": "0 8 * * MON"}),
+        201,
+        "create a schedule",
+    ),
 ]
 
 COLUMNS = (

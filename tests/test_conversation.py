@@ -203,6 +203,7 @@ def test_a_message_written_while_a_run_commits_is_later_than_the_runs() -> None:
                     author="schedule:numbers",
                     kind=AuthorKind.SCHEDULE,
                     text="[SCHEDULED TASK] numbers",
+                    user=SYSTEM,
                 ).pk
                 posted.set()
                 release.wait(10)
@@ -211,7 +212,9 @@ def test_a_message_written_while_a_run_commits_is_later_than_the_runs() -> None:
 
     def dad() -> None:
         try:
-            ids["dad"] = conversation.post(author="dad", kind=AuthorKind.USER, text="wait").pk
+            ids["dad"] = conversation.post(
+                author="dad", kind=AuthorKind.USER, text="wait", user=SYSTEM
+            ).pk
         finally:
             connection.close()
 
@@ -271,3 +274,13 @@ def test_making_a_schedule_needs_creating_and_answering(db: None, guest: User) -
         "create a schedule",
         "create a schedule",
     ]
+
+
+def test_writing_needs_loop_add_message(db: None, guest: User) -> None:
+    client = Client()
+    client.force_login(guest)
+    assert 'id="message-text"' not in client.get("/conversation").content.decode()
+    assert client.post("/conversation", {"text": "hello"}).status_code == 403
+    assert not Message.objects.exists()
+    [refused] = Event.objects.filter(kind="decision_refused")
+    assert refused.data["action"] == "write in the conversation" and refused.actor == "guest"

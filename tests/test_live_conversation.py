@@ -39,7 +39,7 @@ def test_messages_and_runs_arrive_live_and_task_events_do_not(
     start = Event.objects.order_by("-id").values_list("id", flat=True).first()
 
     def say(text: str) -> int:
-        return conversation.post(author="pippa", kind=AuthorKind.AGENT, text=text).pk
+        return conversation.post(author="pippa", kind=AuthorKind.AGENT, text=text, user=SYSTEM).pk
 
     def fire() -> None:
         Schedule.objects.filter(pk=schedule.pk).update(

@@ -31,7 +31,9 @@ def post_message(call: Call) -> HttpResponse:
     if not isinstance(text, str):
         raise ApiError(400, "text: required, a string")
     try:
-        message = conversation.post(author=call.agent.actor, kind=AuthorKind.AGENT, text=text)
+        message = conversation.post(
+            author=call.agent.actor, kind=AuthorKind.AGENT, text=text, user=call.agent.user
+        )
     except conversation.MessageError as exc:
         raise ApiError(400, str(exc)) from None
     return JsonResponse(conversation.message_dict(message), status=201)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
@@ -53,8 +54,13 @@ def conversation_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
             conversation.post(
-                author=actor(request), kind=AuthorKind.USER, text=request.POST.get("text", "")
+                author=actor(request),
+                kind=AuthorKind.USER,
+                text=request.POST.get("text", ""),
+                user=request.user,
             )
+        except PermissionDenied as exc:
+            return answer(request, str(exc), status=403, fallback="/conversation")
         except conversation.MessageError as exc:
             return answer(request, str(exc), status=400, fallback="/conversation")
         return redirect("loop:conversation")

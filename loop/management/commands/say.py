@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from loop import conversation
 from loop.management.base import LoopCommand
 from loop.models import AuthorKind
+from loop.permissions import SYSTEM
 
 
 class Command(LoopCommand):
@@ -20,7 +21,9 @@ class Command(LoopCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         author = options["user"] or getpass.getuser()
         try:
-            message = conversation.post(author=author, kind=AuthorKind.USER, text=options["text"])
+            message = conversation.post(
+                author=author, kind=AuthorKind.USER, text=options["text"], user=SYSTEM
+            )
         except conversation.MessageError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(message.pk))
