@@ -53,7 +53,7 @@ def measure(rounds: int, task_ids: list[int]) -> list[float]:
 
     from loop import lease
     from loop.models import Task
-    from loop.runner import lease_free_q
+    from loop.worker import lease_free_q
 
     times = []
     for _ in range(rounds):

@@ -13,7 +13,7 @@ writes its intent), and the Python between them. Each round measures it twice, s
   repeat), so a worker takes up to `LOOP_BATCH_EFFECTS` such steps (of different tasks) through
   those commits together and performs their effects at once — the figure the target is for;
 - the sink not listed, so a cut would ask Dad and a worker sends one such effect at a time
-  (`loop.tick.ASKING_AT_ONCE`): every step pays those commits alone.
+  (`loop.step_life.ASKING_AT_ONCE`): every step pays those commits alone.
 
 The step rate is taken
 from the journal (first `step_started` to last `step_done`), so Django's start-up is not in
@@ -202,7 +202,7 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
     from loop import actions, effects, plans
     from loop.models import Event, EventKind
     from loop.permissions import SYSTEM
-    from loop.runner import Runner
+    from loop.worker import Worker
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
     statements = commits = 0
@@ -233,7 +233,7 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
             ],
         }
         actions.create_task(plan=plans.validate(plan), actor="bench", user=SYSTEM)
-    runner = Runner(label="explain")
+    runner = Worker(label="explain")
     runner.boot()
     commit = timed("commit", connection.commit)
 

@@ -181,7 +181,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
     from loop import actions, effects, plans
     from loop.models import Event
     from loop.permissions import SYSTEM
-    from loop.runner import Runner
+    from loop.worker import Worker
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
     statements = commits = 0
@@ -220,7 +220,7 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
     settings.LOOP_IDEMPOTENT_RECEIVERS = [] if UNLISTED[0] else [url]  # as the workers have it
     perform = effects._perform
     effects._perform = timed("effect", perform)
-    runner = Runner(label="explain")
+    runner = Worker(label="explain")
     runner.boot()
     commit = timed("commit", connection.commit)
 

@@ -20,55 +20,32 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
 
 from . import journal, lease, rows
 from .models import Effect, EffectState, EventKind, Step
+from .outcomes import (
+    Busy,
+    Done,
+    EffectNotSent,
+    EffectRejected,
+    Fenced,
+    NotSent,
+    Outcome,
+    Rejected,
+    Uncertain,
+)
+from .tools import Call, ProbeResult, Tool, ToolError, calling
 from .transitions import Conflict, move_effect, move_effects
 
-if TYPE_CHECKING:
-    from .tools import Tool
-
 log = logging.getLogger("loop.effects")
-
-
-class EffectNotSent(Exception):
-    """It certainly did not leave: the effect goes back to `pending`; the step retries."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EffectRejected(Exception):
-    """The world said no, definitively: the effect and the step fail."""
-
-
-class EffectUncertainError(Exception):
-    """A tool may raise this to say plainly "it may have happened" (any other exception
-    means the same)."""
-
-
-class StepMustAsk(Exception):
-    """An effect of this step is uncertain: the step blocks with "Did this happen?"."""
-
-    def __init__(self, effects: list[Effect]) -> None:
-        super().__init__(", ".join(f"{e.tool} {e.target}" for e in effects))
-        self.effects = effects
-
-
-class EffectBusy(Exception):
-    """Another holder's claim on this effect is still live: try again after `until`."""
-
-    def __init__(self, until: Any) -> None:
-        super().__init__(f"effect busy until {until}")
-        self.until = until
 
 
 @dataclass
@@ -91,255 +68,271 @@ def effect_id(step: Step, tool_name: str, request: dict[str, Any], key: str | No
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-@dataclass(eq=False)
-class Send:
-    """One side-effect call on its way through the outbox, and what became of it: the stored
-    answer (`result`) or the exception its caller gets (`error`)."""
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One side-effect call, as its caller (a judge, an agent) asks for it: who holds the
+    step's task, the step, the tool and its arguments (and the caller's idempotency key)."""
 
     holder: Holder
     step: Step
     tool: Tool
     args: dict[str, Any]
     key: str | None = None
-    effect: Effect | None = None
-    result: dict[str, Any] | None = None
-    error: Exception | None = None
 
-    @property
-    def due(self) -> bool:
-        """Its intent is written and it is not answered yet: to be claimed and performed."""
-        return self.effect is not None and self.result is None and self.error is None
+    @cached_property
+    def effect_id(self) -> str:
+        return effect_id(self.step, self.tool.name, self.args, self.key)
 
-    def outcome(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
+
+@dataclass(frozen=True, eq=False)
+class Intent:
+    """A request whose intent is known: its effect's row, `pending` (to be claimed and
+    performed), or the outcome its row already holds (a receipt, a live claim, a doubt)."""
+
+    request: Request
+    found: Effect | Outcome
 
 
 def call(
     holder: Holder, step: Step, tool: Tool, args: dict[str, Any], key: str | None = None
-) -> dict[str, Any]:
+) -> Outcome:
     """Perform a side-effect tool call at most once; the stored answer on any repeat."""
-    one = Send(holder, step, tool, args, key)
-    send_all([one])
-    return one.outcome()
+    [outcome] = send_all([Request(holder, step, tool, args, key)])
+    return outcome
 
 
-def send_all(sends: list[Send]) -> None:
+def send_all(calls: Sequence[Request | Intent]) -> list[Outcome]:
     """Side-effect calls of different steps, under one lease owner, through the outbox
-    together: their intents in one commit (unless they were written with their steps' starts),
-    their fenced claims in one commit, performed at once, their outcomes in one commit. Each
-    send ends with its result or its error. A failed write raises: then nothing was performed
-    that was not claimed, and nothing was claimed without a committed intent."""
-    owners = {send.holder.owner for send in sends}
-    assert len(owners) == 1, f"one lease owner per send_all, not {owners}"
-    intend_all([send for send in sends if send.effect is None])
-    claimed = _claim_all([send for send in sends if send.due])
+    together: their intents in one commit (unless they come as intents, written with their
+    steps' starts), their fenced claims in one commit, performed at once, their outcomes in
+    one commit. The outcome of each, in order. A failed write raises: then nothing was
+    performed that was not claimed, and nothing was claimed without a committed intent."""
+    owners = {_request(c).holder.owner for c in calls}
+    assert len(owners) <= 1, f"one lease owner per send_all, not {owners}"
+    new = iter(intend_all([c for c in calls if isinstance(c, Request)]))
+    intents = [c if isinstance(c, Intent) else next(new) for c in calls]
+    outcomes: dict[Request, Outcome] = {
+        i.request: i.found for i in intents if not isinstance(i.found, Effect)
+    }
+    due = [(i.request, i.found) for i in intents if isinstance(i.found, Effect)]
+    claimed = _claim_all(due, outcomes)
     if claimed:
-        _perform_all(claimed)
+        outcomes.update(_perform_all(claimed))
+    return [outcomes[i.request] for i in intents]
 
 
-def intend_all(sends: list[Send]) -> None:
+def _request(call: Request | Intent) -> Request:
+    return call if isinstance(call, Request) else call.request
+
+
+def intend_all(requests: Sequence[Request]) -> list[Intent]:
     """Look each effect up by its id: a receipt answers at once (nothing is performed); a new
     one's intent is inserted `pending`; all new intents commit together, or with the caller's
     transaction if there is one (the worker writes the intents of the calls it knows of in
-    the commit that starts their steps). Then a send is `due` to be claimed, or answered."""
-    if not sends:
-        return
-    ids = {send: effect_id(send.step, send.tool.name, send.args, send.key) for send in sends}
-    marks = ", ".join("%s" for _ in sends)
-    found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", list(ids.values()))}
+    the commit that starts their steps). The intent of each request, in order."""
+    if not requests:
+        return []
+    marks = ", ".join("%s" for _ in requests)
+    ids = [r.effect_id for r in requests]
+    found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", ids)}
+    intents: dict[Request, Effect | Outcome] = {}
     new = []
-    for send in sends:
-        effect = found.get(ids[send])
+    for request in requests:
+        effect = found.get(request.effect_id)
         if effect is None:
-            new.append(send)
+            new.append(request)
             continue
-        if effect.step_id == send.step.pk:
-            effect.step = send.step  # spare the journal a query for it
-        send.effect = effect
-        try:
-            send.result = _answer_from_row(send.holder, effect)
-        except (EffectRejected, StepMustAsk, EffectBusy) as exc:
-            send.error = exc
+        if effect.step_id == request.step.pk:
+            effect.step = request.step  # spare the journal a query for it
+        answer = _answer_from_row(request.holder, effect)
+        intents[request] = effect if answer is None else answer
     if new:
         with transaction.atomic(savepoint=False), journal.batched():
-            intents = rows.create_many(Effect, [_intent(send, ids[send]) for send in new])
-            for send, effect in zip(new, intents, strict=True):
-                effect.step = send.step
-                send.effect = effect
+            rows_ = rows.create_many(Effect, [_intent(r) for r in new])
+            for request, effect in zip(new, rows_, strict=True):
+                effect.step = request.step
+                intents[request] = effect
                 journal.record(
                     EventKind.EFFECT_STATE,
-                    step=send.step,
+                    step=request.step,
                     effect=effect,
-                    actor=send.holder.actor,
+                    actor=request.holder.actor,
                     new="pending",
                 )
+    return [Intent(r, intents[r]) for r in requests]
 
 
-def _intent(send: Send, eid: str) -> dict[str, Any]:
+def _intent(request: Request) -> dict[str, Any]:
     """The row of the effect's intent, `pending`."""
-    target, summary = send.tool.summary(send.args)
+    target, summary = request.tool.summary(request.args)
     return {
-        "id": eid,
-        "task_id": send.step.task_id,
-        "step_id": send.step.pk,
-        "tool": send.tool.name,
+        "id": request.effect_id,
+        "task_id": request.step.task_id,
+        "step_id": request.step.pk,
+        "tool": request.tool.name,
         # This call's, not only its kind's: a receiver that deduplicates makes it so too.
-        "safe_to_repeat": send.tool.repeatable(send.args),
+        "safe_to_repeat": request.tool.repeatable(request.args),
         "target": target[:500],
         "summary": summary,
-        "request": send.args,
+        "request": request.args,
     }
 
 
-def _answer_from_row(holder: Holder, effect: Effect) -> dict[str, Any] | None:
-    """The stored answer, an exception for the step, or None: go on and perform it."""
+def _answer_from_row(holder: Holder, effect: Effect) -> Outcome | None:
+    """The outcome the effect's row already holds, or None: go on and perform it."""
     if effect.state == EffectState.SUCCEEDED:
         with transaction.atomic():
             journal.record(
                 EventKind.RECEIPT_HIT, step=effect.step, effect=effect, actor=holder.actor
             )
-        return dict(effect.response or {})
+        return Done(dict(effect.response or {}), receipt=True)
     if effect.state == EffectState.FAILED:
-        raise EffectRejected(f"{effect.tool} {effect.target}: {effect.error} (from its receipt)")
+        return Rejected(f"{effect.tool} {effect.target}: {effect.error} (from its receipt)")
     if effect.state == EffectState.CANCELLED:
-        raise EffectRejected(f"{effect.tool} {effect.target} was cancelled by a person")
+        return Rejected(f"{effect.tool} {effect.target} was cancelled by a person")
     if effect.state == EffectState.UNCERTAIN:
-        raise StepMustAsk([effect])
+        return Uncertain((effect,))
     if effect.state == EffectState.RUNNING:
         if effect.lease_until and effect.lease_until > timezone.now():
-            raise EffectBusy(effect.lease_until)
+            return Busy(effect.lease_until)
         doubt(effect, actor=holder.actor, why="its claim lapsed before the outcome was recorded")
         return _answer_from_row(holder, effect)  # now pending, uncertain, or settled meanwhile
     return None
 
 
-def _claim_all(due: list[Send]) -> list[Send]:
+Claimed = tuple[Request, Effect]
+
+
+def _claim_all(due: list[Claimed], refused: dict[Request, Outcome]) -> list[Claimed]:
     """Each intent to `running`, only while its task's lease is still the holder's; one
-    commit. The sends claimed (the others carry why not)."""
+    commit. The calls claimed; each call not claimed gets its outcome in `refused`."""
     if not due:
         return []
-    claimed, fields = [], []
+    claimed: list[Claimed] = []
+    fields = []
     with transaction.atomic(), journal.batched():
-        owner = due[0].holder.owner
-        fences = lease.fenced_all(owner, [(s.step.task_id, s.holder.epoch) for s in due])
-        for send in due:
-            fence = fences[send.step.task_id]
-            assert send.effect is not None
+        owner = due[0][0].holder.owner
+        fences = lease.fenced_all(owner, [(r.step.task_id, r.holder.epoch) for r, _ in due])
+        for request, effect in due:
+            fence = fences[request.step.task_id]
             if isinstance(fence, lease.LeaseLost):
-                send.error = fence
+                refused[request] = Fenced(str(fence))
                 continue
-            claimed.append(send)
+            claimed.append((request, effect))
             fields.append(
                 {
                     "lease_owner": owner,
-                    "lease_epoch": send.holder.epoch,
+                    "lease_epoch": request.holder.epoch,
                     "lease_until": fence.lease_until,
-                    "sends": send.effect.sends + 1,
+                    "sends": effect.sends + 1,
                     "error": "",
                 }
             )
         if _moved_together(claimed, "claim", fields, [{} for _ in claimed]):
             return claimed
-        for send, sets in zip(list(claimed), fields, strict=True):
-            assert send.effect is not None
+        for (request, effect), sets in zip(list(claimed), fields, strict=True):
             try:
-                move_effect(send.effect, "claim", actor=send.holder.actor, fields=sets)
+                move_effect(effect, "claim", actor=request.holder.actor, fields=sets)
             except Conflict as exc:  # settled or claimed meanwhile: the step tries again
-                send.error = exc
-                claimed.remove(send)
+                refused[request] = NotSent(f"{effect.tool} {effect.target}: {exc}")
+                claimed.remove((request, effect))
     return claimed
 
 
 def _moved_together(
-    sends: list[Send], event: str, fields: list[dict[str, Any]], where: list[dict[str, Any]]
+    claimed: list[Claimed], event: str, fields: list[dict[str, Any]], where: list[dict[str, Any]]
 ) -> bool:
-    """Move the sends' effects (all in one state) in one statement; False if any one of them
+    """Move the claimed effects (all in one state) in one statement; False if any one of them
     had moved meanwhile (then none did, and the caller moves them one by one)."""
-    effects = [send.effect for send in sends if send.effect is not None]
-    if len(effects) < 2 or len({e.state for e in effects}) > 1 or len(effects) < len(sends):
+    effects = [effect for _, effect in claimed]
+    if len(effects) < 2 or len({e.state for e in effects}) > 1:
         return False
     try:
         with transaction.atomic():  # a savepoint: undone if any one of them had moved
-            move_effects(effects, event, actor=sends[0].holder.actor, fields=fields, where=where)
+            actor = claimed[0][0].holder.actor
+            move_effects(effects, event, actor=actor, fields=fields, where=where)
     except Conflict:
         return False
     return True
 
 
-def _perform_all(claimed: list[Send]) -> None:
+def _perform_all(claimed: list[Claimed]) -> dict[Request, Outcome]:
     """Perform the claimed effects (at once, when there are several), then record every
     outcome in one commit; an uncertain one is probed before the step has to ask."""
-    outcomes = _perform(claimed)
+    replies = _perform(claimed)
+    outcomes: dict[Request, Outcome] = {}
     doubted = []
     with transaction.atomic(), journal.batched():
         # The usual case, every effect done, in one statement; any other outcome one by one.
-        done = [send for send, (_, exc) in zip(claimed, outcomes, strict=True) if exc is None]
-        mine = [{"lease_owner": s.holder.owner, "lease_epoch": s.holder.epoch} for s in done]
-        responses = [{"response": response} for response, exc in outcomes if exc is None]
-        if _moved_together(done, "succeed", responses, mine):
-            for send in done:
-                assert send.effect is not None
-                send.result = dict(send.effect.response or {})
-            outcomes = [o for o in outcomes if o[1] is not None]
-            claimed = [send for send in claimed if send.result is None]
-        for send, (response, exc) in zip(claimed, outcomes, strict=True):
-            if _settle_outcome(send, response, exc):
-                doubted.append(send)
-    for send in doubted:
-        assert send.effect is not None
-        if probe_and_settle(send.effect, send.tool, actor=send.holder.actor):
-            send.result, send.error = dict(send.effect.response or {}), None
+        done = [c for c, reply in zip(claimed, replies, strict=True) if _ok(reply)]
+        mine = [{"lease_owner": r.holder.owner, "lease_epoch": r.holder.epoch} for r, _ in done]
+        responses = [{"response": reply} for reply in replies if _ok(reply)]
+        together = _moved_together(done, "succeed", responses, mine)
+        for (request, effect), reply in zip(claimed, replies, strict=True):
+            if together and _ok(reply):
+                outcomes[request] = Done(dict(effect.response or {}))
+                continue
+            outcomes[request] = outcome = _settle_outcome(request, effect, reply)
+            if isinstance(outcome, Uncertain) and effect.state == EffectState.UNCERTAIN:
+                doubted.append((request, effect))
+    for request, effect in doubted:
+        if probe_and_settle(effect, request.tool, actor=request.holder.actor):
+            outcomes[request] = Done(dict(effect.response or {}))
+    return outcomes
 
 
-Outcome = tuple[dict[str, Any] | None, Exception | None]
+# What a tool's run gave back: its response, or what it raised (classified at once, below).
+Reply = dict[str, Any] | Exception
 
 
-def _perform(claimed: list[Send]) -> list[Outcome]:
-    """Each tool's response, or what it raised. Several are performed at once: the tools that
-    can (`Tool.start`) put their requests out one after another, then their answers are read;
-    any other tool runs in a thread of its own meanwhile."""
+def _ok(reply: Reply) -> bool:
+    return not isinstance(reply, Exception)
+
+
+def _perform(claimed: list[Claimed]) -> list[Reply]:
+    """Each tool's reply. Several are performed at once: the tools that can (`Tool.start`)
+    put their requests out one after another, then their answers are read; any other tool
+    runs in a thread of its own meanwhile."""
     if len(claimed) == 1:
-        return [_run(claimed[0])]
-    threads = {n: _pool().submit(_run_apart, s) for n, s in enumerate(claimed) if not s.tool.start}
-    outcomes: dict[int, Outcome] = {}
+        return [_run(*claimed[0])]
+    threads = {
+        n: _pool().submit(_run_apart, *c) for n, c in enumerate(claimed) if not c[0].tool.start
+    }
+    replies: dict[int, Reply] = {}
     answers: dict[int, Callable[[], dict[str, Any]]] = {}
-    for n, send in enumerate(claimed):
-        if send.tool.start is not None:
-            started = _run(send, send.tool.start)
-            if started[1] is not None:
-                outcomes[n] = (None, started[1])
+    for n, (request, effect) in enumerate(claimed):
+        if request.tool.start is not None:
+            started = _run(request, effect, request.tool.start)
+            if isinstance(started, Exception):
+                replies[n] = started
             else:
-                answers[n] = started[0]  # type: ignore[assignment]
+                answers[n] = started  # type: ignore[assignment]
     for n, answer in answers.items():
-        outcomes[n] = _run(claimed[n], _awaiting(answer))
+        replies[n] = _run(*claimed[n], _awaiting(answer))
     for n, thread in threads.items():
-        outcomes[n] = thread.result()
-    return [outcomes[n] for n in range(len(claimed))]
+        replies[n] = thread.result()
+    return [replies[n] for n in range(len(claimed))]
 
 
 def _awaiting(answer: Callable[[], dict[str, Any]]) -> Callable[[dict[str, Any], str], Any]:
     return lambda args, effect_id: answer()
 
 
-def _run(send: Send, part: Callable[[dict[str, Any], str], Any] | None = None) -> Outcome:
+def _run(
+    request: Request, effect: Effect, part: Callable[[dict[str, Any], str], Any] | None = None
+) -> Reply:
     """The tool (or `part` of it), performing the effect: what it returned, or raised."""
-    from .tools import Call, calling
-
-    assert send.effect is not None
     try:
-        with calling(Call.of(send.step, send.holder.owner, send.holder.epoch)):
-            return (part or send.tool.run)(send.args, send.effect.pk), None
+        with calling(Call.of(request.step, request.holder.owner, request.holder.epoch)):
+            return (part or request.tool.run)(request.args, effect.pk)  # type: ignore[no-any-return]
     except Exception as exc:
-        return None, exc
+        return exc
 
 
-def _run_apart(send: Send) -> Outcome:
+def _run_apart(request: Request, effect: Effect) -> Reply:
     """`_run` in a thread of the pool: any database connection the tool opened is closed."""
     try:
-        return _run(send)
+        return _run(request, effect)
     finally:
         connections.close_all()
 
@@ -354,39 +347,30 @@ def _pool() -> ThreadPoolExecutor:
     return _threads
 
 
-def _settle_outcome(send: Send, response: dict[str, Any] | None, exc: Exception | None) -> bool:
+def _settle_outcome(request: Request, effect: Effect, reply: Reply) -> Outcome:
     """Inside the outcome commit: the effect's state by what the tool reported (DESIGN.md §6),
-    and the send's result or error. True if the effect is now uncertain (worth a probe)."""
-    from .tools import ToolError
-
-    effect = send.effect
-    assert effect is not None
-    holder = send.holder
+    and the call's outcome."""
+    holder = request.holder
     mine = {"lease_owner": holder.owner, "lease_epoch": holder.epoch}
-    if exc is None:
-        _settle(effect, "succeed", holder, mine, {"response": response})
-        send.result = dict(effect.response or {})
-    elif isinstance(exc, EffectNotSent):
-        _settle(effect, "not_sent", holder, mine, {"error": str(exc)})
-        send.error = exc
-    elif isinstance(exc, EffectRejected | ToolError):
-        _settle(effect, "reject", holder, mine, {"error": str(exc)})
-        send.error = EffectRejected(str(exc))
-        send.error.__cause__ = exc
-    elif effect.safe_to_repeat:
+    if not isinstance(reply, Exception):
+        _settle(effect, "succeed", holder, mine, {"response": reply})
+        return Done(dict(effect.response or {}))
+    if isinstance(reply, EffectNotSent):
+        _settle(effect, "not_sent", holder, mine, {"error": str(reply)})
+        return NotSent(str(reply), reply.retry_after)
+    if isinstance(reply, EffectRejected | ToolError):
+        _settle(effect, "reject", holder, mine, {"error": str(reply)})
+        return Rejected(str(reply))
+    error = f"{type(reply).__name__}: {reply}"
+    if effect.safe_to_repeat:
         # Performing it again is harmless (§5): no question, back to `pending` and retry.
-        log.warning("effect %s %s failed, will repeat: %r", effect.tool, effect.target, exc)
-        _settle(effect, "requeue", holder, mine, {"error": f"{type(exc).__name__}: {exc}"})
-        send.error = EffectNotSent(f"{type(exc).__name__}: {exc} (safe to repeat)")
-        send.error.__cause__ = exc
-    else:  # anything else: it may have happened
-        log.warning("effect %s %s uncertain: %r", effect.tool, effect.target, exc)
-        fields = {"error": f"{type(exc).__name__}: {exc}", "evidence": ""}
-        _settle(effect, "doubt", holder, mine, fields)
-        send.error = StepMustAsk([effect])
-        send.error.__cause__ = exc
-        return effect.state == EffectState.UNCERTAIN
-    return False
+        log.warning("effect %s %s failed, will repeat: %s", effect.tool, effect.target, error)
+        _settle(effect, "requeue", holder, mine, {"error": error})
+        return NotSent(f"{error} (safe to repeat)")
+    # Anything else: it may have happened.
+    log.warning("effect %s %s uncertain: %s", effect.tool, effect.target, error)
+    _settle(effect, "doubt", holder, mine, {"error": error, "evidence": ""})
+    return Uncertain((effect,), error)
 
 
 def _settle(
@@ -443,8 +427,6 @@ def probe_and_settle(effect: Effect, tool: Tool, *, actor: str) -> bool:
     try:
         result = tool.probe(dict(effect.request), effect.pk)
     except Exception as exc:
-        from .tools import ProbeResult
-
         result = ProbeResult(None, f"probe failed: {type(exc).__name__}: {exc}")
     with transaction.atomic():
         journal.record(

@@ -264,7 +264,7 @@ LOOP_BATCH = env_int("LOOP_BATCH", 8)
 if not 1 <= LOOP_BATCH <= 256:
     raise ImproperlyConfigured("LOOP_BATCH must be between 1 and 256")
 # Side-effect steps a worker performs at once (at most LOOP_BATCH), sharing the outbox's
-# commits; of them at most one whose cut would ask a person (loop/tick.py, ASKING_AT_ONCE).
+# commits; of them at most one whose cut would ask a person (loop/step_life.py, ASKING_AT_ONCE).
 LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8)
 if not 1 <= LOOP_BATCH_EFFECTS <= 256:
     raise ImproperlyConfigured("LOOP_BATCH_EFFECTS must be between 1 and 256")

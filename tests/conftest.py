@@ -18,11 +18,11 @@ from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
 
-from loop import actions, lease, plans
+from loop import actions, lease, plans, step_life
 from loop.models import Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
-from loop.tick import Started
+from loop.step_life import Started
+from loop.worker import Worker
 
 from .loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
 
@@ -40,24 +40,24 @@ def make_task(*steps: dict[str, Any], title: str = "test task", actor: str = "te
 
 
 @pytest.fixture
-def worker(db: None) -> Runner:
+def worker(db: None) -> Worker:
     """A booted in-process worker; call .tick() to run one pass."""
-    runner = Runner(label="test")
+    runner = Worker(label="test")
     runner.boot()
     return runner
 
 
-def claim_and_start(runner: Runner) -> Started:
+def claim_and_start(runner: Worker) -> Started:
     """What a tick does first, alone: claim a task and start its first open step (one commit)."""
     with transaction.atomic():
         claimed = lease.claim(runner.worker_id)
         assert claimed is not None
-        started = runner._begin(*claimed)
+        started = step_life.begin_one(claimed[0], runner.holding(claimed[1]))
     assert isinstance(started, Started), started
     return started
 
 
-def run_until_idle(runner: Runner, limit: int = 200) -> int:
+def run_until_idle(runner: Worker, limit: int = 200) -> int:
     ticks = 0
     while runner.tick():
         ticks += 1

@@ -10,10 +10,10 @@ from typing import Any
 
 from django.db import transaction
 
-from loop import effects, lease, tools
+from loop import effects, lease, step_life, tools
 from loop.models import Effect, Step, Task
-from loop.runner import Runner
-from loop.tick import Started
+from loop.step_life import Started
+from loop.worker import Worker
 
 from .conftest import step
 
@@ -28,17 +28,16 @@ Partway = Callable[[Step, effects.Holder], None]
 def cut(task: Task, partway: Partway | None = None) -> Started:
     """Claim and start the task's step in a worker, run `partway`, then lose that worker: its
     task lease and its effects' claims run out."""
-    doomed = Runner(label="doomed")
+    doomed = Worker(label="doomed")
     doomed.boot()
     with transaction.atomic():
         claimed = lease.claim(doomed.worker_id)
         assert claimed is not None and claimed[0] == task.pk
-        started = doomed._begin(*claimed)
+        started = step_life.begin_one(claimed[0], doomed.holding(claimed[1]))
     assert isinstance(started, Started), started
     if partway is not None:
-        holder = effects.Holder(doomed.worker_id, started.epoch, doomed.actor)
         try:
-            partway(started.step, holder)
+            partway(started.step, started.holder)
         except Killed:
             pass
     Task.objects.filter(pk=task.pk).update(lease_until=None)
@@ -46,8 +45,8 @@ def cut(task: Task, partway: Partway | None = None) -> Started:
     return started
 
 
-def next_worker() -> Runner:
-    runner = Runner(label="next")
+def next_worker() -> Worker:
+    runner = Worker(label="next")
     runner.boot()
     return runner
 
@@ -81,7 +80,7 @@ def claimed_not_sent(step: Step, holder: effects.Holder) -> None:
 
 
 def intent_only(step: Step, holder: effects.Holder) -> None:
-    effects.intend_all([effects.Send(holder, step, tools.get(step.tool), step.args)])
+    effects.intend_all([effects.Request(holder, step, tools.get(step.tool), step.args)])
     raise Killed
 
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from loop.models import Event, Step, Task
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import make_task, step
 from .sinks import closed_url
@@ -75,7 +75,7 @@ def form_index(data: dict[str, str], step_obj: Step) -> str:
     )
 
 
-def test_a_loop_commit_while_the_form_is_open_is_kept(db: None, worker: Runner) -> None:
+def test_a_loop_commit_while_the_form_is_open_is_kept(db: None, worker: Worker) -> None:
     client = admin_client(db)
     task = make_task(step("a", args={"value": "from the loop"}), step("b"))
     form = open_form(client, task)  # both steps pending: both editable
@@ -129,7 +129,7 @@ def test_pending_steps_reorder_and_bad_args_name_the_field(db: None) -> None:
 
 
 def test_done_steps_are_read_only_and_the_journal_cannot_be_edited(
-    db: None, worker: Runner
+    db: None, worker: Worker
 ) -> None:
     client = admin_client(db)
     task = make_task(step("a"), step("b"))
@@ -144,7 +144,7 @@ def test_done_steps_are_read_only_and_the_journal_cannot_be_edited(
     assert client.get("/admin/loop/event/add/").status_code == 403
 
 
-def test_steps_that_cannot_change_are_read_only_and_say_why(db: None, worker: Runner) -> None:
+def test_steps_that_cannot_change_are_read_only_and_say_why(db: None, worker: Worker) -> None:
     client = admin_client(db)
     task = make_task(
         step("a"),

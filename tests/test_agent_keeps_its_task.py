@@ -15,8 +15,9 @@ from django.test import Client
 from django.urls import reverse
 
 from loop.api.core import issue
-from loop.models import AgentToken, Event, EventKind, Step, Task, Worker
-from loop.runner import Runner
+from loop.models import AgentToken, Event, EventKind, Step, Task
+from loop.models import Worker as WorkerRow
+from loop.worker import Worker
 
 from .conftest import claim_and_start, make_task, process_env, start_runloop, step, wait_for
 from .loopapp.tools import read_runs
@@ -34,7 +35,7 @@ def two_workers(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> Non
     workers = [start_runloop(env=env, log=tmp_path / f"runloop{n}.out") for n in (1, 2)]
     processes.extend(workers)
     for proc in workers:
-        wait_for(lambda p=proc: Worker.objects.filter(pid=p.pid, state="running").exists())
+        wait_for(lambda p=proc: WorkerRow.objects.filter(pid=p.pid, state="running").exists())
 
 
 def drive(agent: Agent, task: Task, key: str, *, release: bool = False) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def test_a_worker_takes_the_task_once_the_agents_lease_runs_out(
     assert late.status_code == 409
 
 
-def test_release_lets_go_only_of_the_agents_own_task(dad: User, worker: Runner) -> None:
+def test_release_lets_go_only_of_the_agents_own_task(dad: User, worker: Worker) -> None:
     pippa = Agent(issue(name="pippa", user=dad)[1])
     visitor = Agent(issue(name="visitor", user=dad)[1])  # may drive, but holds nothing
     task = make_task(step("a"), step("b"))
@@ -170,7 +171,7 @@ def test_release_lets_go_only_of_the_agents_own_task(dad: User, worker: Runner) 
 
 
 def test_the_dashboard_says_who_holds_a_task_and_until_when(
-    dad: User, worker: Runner, settings: Any
+    dad: User, worker: Worker, settings: Any
 ) -> None:
     settings.LOOP_AGENT_LEASE_SECONDS = 600
     pippa = Agent(issue(name="pippa", user=dad)[1])
@@ -199,7 +200,7 @@ def test_the_dashboard_says_who_holds_a_task_and_until_when(
 
 
 def test_allow_once_on_an_agents_task_says_the_agent_takes_it_up(
-    dad: User, worker: Runner, settings: Any
+    dad: User, worker: Worker, settings: Any
 ) -> None:
     """The flash after "Allow once" says who runs the step now: not a worker's next tick while
     an agent holds the task."""

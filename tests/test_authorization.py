@@ -18,7 +18,7 @@ from loop import actions, calls
 from loop.api.core import issue
 from loop.models import Effect, Event, Step, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 from .cuts import cut, next_worker, post, sent_not_recorded
@@ -58,7 +58,7 @@ def admin_edit(client: Client, task: Task, pay: Step, **fields: str) -> str:
     return response.content.decode()
 
 
-def asking_may_i(worker: Runner, url: str) -> tuple[Task, Step]:
+def asking_may_i(worker: Worker, url: str) -> tuple[Task, Step]:
     task = make_task(post(url, confirm_before=True))
     run_until_idle(worker)
     pay = Step.objects.get(task=task)
@@ -77,7 +77,7 @@ def allowed(pay: Step, dad: User) -> Step:
 
 
 def test_allow_once_then_an_admin_edit_of_the_args_asks_again_and_sends_nothing(
-    worker: Runner, receiver: Receiver, dad: User, staff: Client
+    worker: Worker, receiver: Receiver, dad: User, staff: Client
 ) -> None:
     task, pay = asking_may_i(worker, receiver.url())
     assert '{"amount": 5}' in pay.question_text
@@ -110,7 +110,7 @@ def test_allow_once_then_an_admin_edit_of_the_args_asks_again_and_sends_nothing(
 
 
 def test_an_edit_of_only_the_title_keeps_the_authorization(
-    worker: Runner, receiver: Receiver, dad: User, staff: Client
+    worker: Worker, receiver: Receiver, dad: User, staff: Client
 ) -> None:
     task, pay = asking_may_i(worker, receiver.url())
     allowed(pay, dad)
@@ -151,7 +151,7 @@ def test_do_it_then_an_edit_of_the_call_asks_may_i_for_the_new_call(
 
 
 def test_a_start_never_consumes_an_authorization_for_another_call(
-    worker: Runner, receiver: Receiver, dad: User
+    worker: Worker, receiver: Receiver, dad: User
 ) -> None:
     """A door that changed the call without clearing the authorization (here, a raw UPDATE):
     the start sees the digest differ, clears it, journals why, and asks."""

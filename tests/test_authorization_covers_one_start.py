@@ -27,12 +27,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from loop import actions, calls, effects, lease, tools
+from loop import actions, calls, effects, lease, step_life, tools
 from loop.judges.tool import resolved_args
 from loop.models import Effect, Event, Step, StepState, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
-from loop.tick import Started
+from loop.step_life import Started
+from loop.worker import Worker
 
 from .conftest import make_task, step
 from .cuts import Killed
@@ -56,9 +56,9 @@ class AuthorizationMachine(RuleBasedStateMachine):
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
         self.receiver = Receiver().__enter__()
-        self.runner = Runner(label="hypothesis")
+        self.runner = Worker(label="hypothesis")
         self.runner.boot()
-        self.doomed = Runner(label="doomed")
+        self.doomed = Worker(label="doomed")
         self.doomed.boot()
         dad = User.objects.create_user("dad")
         dad.user_permissions.add(Permission.objects.get(codename="confirm_step"))
@@ -101,9 +101,8 @@ class AuthorizationMachine(RuleBasedStateMachine):
             claimed = lease.claim(self.doomed.worker_id)
             if claimed is None:
                 return
-            begun = self.doomed._begin(*claimed)
+            begun = step_life.begin_one(claimed[0], self.doomed.holding(claimed[1]))
         if isinstance(begun, Started) and where != "started":
-            holder = effects.Holder(self.doomed.worker_id, begun.epoch, self.doomed.actor)
             tool = tools.get(begun.step.tool)
 
             def run(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
@@ -114,14 +113,17 @@ class AuthorizationMachine(RuleBasedStateMachine):
                     raise Killed
                 return result
 
-            send = effects.Send(
-                holder, begun.step, dataclasses.replace(tool, run=run), resolved_args(begun.step)
+            request = effects.Request(
+                begun.holder,
+                begun.step,
+                dataclasses.replace(tool, run=run),
+                resolved_args(begun.step),
             )
             try:
                 if where == "intent":
-                    effects.intend_all([send])
+                    effects.intend_all([request])
                 else:
-                    effects.send_all([send])
+                    effects.send_all([request])
             except Killed:
                 pass
         Task.objects.filter(pk=self.task.pk).update(lease_until=None)

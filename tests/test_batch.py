@@ -16,9 +16,9 @@ from django.utils import timezone
 from loop import lease
 from loop.judges import Verdict
 from loop.models import Effect, Event, Step, Task
-from loop.runner import Runner
-from loop.tick import Started
+from loop.step_life import Started
 from loop.transitions import Conflict
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 from .sinks import Receiver
@@ -46,7 +46,7 @@ def seen(key: str) -> dict[str, Any]:
     return step(key, "test.seen", args={})
 
 
-def test_three_tasks_move_a_step_each_per_commit(worker: Runner, commits: list[int]) -> None:
+def test_three_tasks_move_a_step_each_per_commit(worker: Worker, commits: list[int]) -> None:
     tasks = [make_task(seen(f"t{n}a"), seen(f"t{n}b"), title=f"t{n}") for n in range(3)]
     commits.clear()
     assert worker.tick() is True
@@ -68,7 +68,7 @@ def test_three_tasks_move_a_step_each_per_commit(worker: Runner, commits: list[i
 
 
 def test_side_effect_steps_run_last_and_together_sharing_the_outbox_commits(
-    worker: Runner, commits: list[int]
+    worker: Worker, commits: list[int]
 ) -> None:
     for n in range(3):
         make_task(seen(f"r{n}"), title=f"plain {n}")
@@ -94,7 +94,7 @@ def test_a_batch_holds_at_most_loop_batch_effects_side_effect_steps(
     db: None, settings: Any
 ) -> None:
     settings.LOOP_BATCH_EFFECTS = 2
-    worker = Runner(label="two at a time")
+    worker = Worker(label="two at a time")
     worker.boot()
     for n in range(3):
         make_task(seen(f"r{n}"), step(f"e{n}", "test.seen_effect", args={}), title=f"t{n}")
@@ -111,7 +111,7 @@ def test_a_batch_holds_at_most_loop_batch_effects_side_effect_steps(
 
 
 def test_a_batch_of_one_runs_one_step_at_a_time(db: None) -> None:
-    worker = Runner(label="single", batch=1)
+    worker = Worker(label="single", batch=1)
     worker.boot()
     for n in range(3):
         make_task(seen(f"s{n}"), title=f"t{n}")
@@ -119,7 +119,7 @@ def test_a_batch_of_one_runs_one_step_at_a_time(db: None) -> None:
     assert all(len(s.output["running"]) == 1 for s in Step.objects.all())
 
 
-def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Runner, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Worker, settings) -> None:  # type: ignore[no-untyped-def]
     settings.LOOP_CHAIN_SECONDS = 0.2
     make_task(step("slow", "sleep", args={"seconds": 0.5}), title="slow")  # claimed first
     make_task(seen("quick"), title="quick")
@@ -130,7 +130,7 @@ def test_a_batch_commits_what_it_has_once_its_steps_took_long(worker: Runner, se
 
 
 def test_an_effect_step_left_waiting_by_a_slow_one_is_sent_once_from_its_intent(
-    worker: Runner, settings: Any
+    worker: Worker, settings: Any
 ) -> None:
     settings.LOOP_CHAIN_SECONDS = 0.2
     make_task(step("slow", "sleep", args={"seconds": 0.5}), title="slow")  # claimed first
@@ -145,47 +145,47 @@ def test_an_effect_step_left_waiting_by_a_slow_one_is_sent_once_from_its_intent(
     assert [e.data["new"] for e in moves] == ["pending", "running", "succeeded"]
 
 
-def test_in_a_batch_only_the_verdict_whose_lease_moved_on_is_refused(worker: Runner) -> None:
+def test_in_a_batch_only_the_verdict_whose_lease_moved_on_is_refused(worker: Worker) -> None:
     make_task(seen("a"), title="a")
     b = make_task(seen("b"), title="b")
     with transaction.atomic():
-        begun = worker._claim_batch()
+        begun = worker.claim_batch()
     assert [s.step.key for s in begun if isinstance(s, Started)] == ["a", "b"]
     Task.objects.filter(pk=b.pk).update(lease_epoch=F("lease_epoch") + 1)  # another took b
     verdicts = [(s, Verdict.done({"ok": True})) for s in begun if isinstance(s, Started)]
-    assert worker._commit_batch(verdicts, []) == []
+    assert worker.commit_batch(verdicts, []) == []
     assert Step.objects.get(key="a").state == "done"
     assert Step.objects.get(key="b").state == "running"  # the new holder's to finish
     late = Event.objects.get(kind="late_result")
     assert late.step.key == "b" and late.data["verdict"] == "done"
 
 
-def test_a_step_whose_lease_moved_on_mid_batch_does_not_cost_the_others(worker: Runner) -> None:
+def test_a_step_whose_lease_moved_on_mid_batch_does_not_cost_the_others(worker: Worker) -> None:
     make_task(seen("plain"), title="plain")
     moved = make_task(step("effect", "test.seen_effect", args={}), title="moved")
     with transaction.atomic():
-        begun = worker._claim_batch()
+        begun = worker.claim_batch()
     batch = [s for s in begun if isinstance(s, Started)]
     assert sorted(s.step.key for s in batch) == ["effect", "plain"]
     Task.objects.filter(pk=moved.pk).update(lease_epoch=F("lease_epoch") + 1)
-    verdicts, waiting = worker._judge(batch)
+    verdicts, waiting = worker.perform(batch)
     # The effect's claim was refused (nothing performed); the plain step's verdict stands.
     assert [s.step.key for s, _ in verdicts] == ["plain"] and waiting == []
     assert not Effect.objects.filter(state="running").exists()
-    worker._commit_batch(verdicts, waiting)
+    worker.commit_batch(verdicts, waiting)
     assert Step.objects.get(key="plain").state == "done"
 
 
 def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
-    worker: Runner,
+    worker: Worker,
 ) -> None:
     tasks = [make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}") for n in range(3)]
     with transaction.atomic():
-        begun = worker._claim_batch()
+        begun = worker.claim_batch()
     batch = [s for s in begun if isinstance(s, Started)]
     assert len(batch) == 3
     Task.objects.filter(pk=tasks[1].pk).update(lease_epoch=F("lease_epoch") + 1)
-    verdicts, waiting = worker._judge(batch)
+    verdicts, waiting = worker.perform(batch)
     assert sorted(s.step.key for s, _ in verdicts) == ["e0", "e2"] and waiting == []
     # The two still held were claimed together and performed; the moved one stays an intent.
     assert dict(Effect.objects.values_list("step__key", "state")) == {
@@ -198,16 +198,16 @@ def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
 
 
 def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
-    worker: Runner,
+    worker: Worker,
 ) -> None:
     for n in range(3):
         make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}")
     with transaction.atomic():
-        begun = worker._claim_batch()
+        begun = worker.claim_batch()
     batch = [s for s in begun if isinstance(s, Started)]
     assert len(batch) == 3
     Effect.objects.filter(step__key="e1").update(state="cancelled")  # by a person, meanwhile
-    verdicts, _ = worker._judge(batch)
+    verdicts, _ = worker.perform(batch)
     # The claim of all three lost on e1 and was undone; e0 and e2 were then claimed one by
     # one (each once) and performed; e1 was neither claimed nor performed.
     assert dict(Effect.objects.values_list("step__key", "state")) == {
@@ -221,21 +221,21 @@ def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
     assert {s.step.key: v.kind for s, v in verdicts}["e0"] == "done"
 
 
-def test_a_verdict_batch_that_finds_a_step_moved_commits_nothing(worker: Runner) -> None:
+def test_a_verdict_batch_that_finds_a_step_moved_commits_nothing(worker: Worker) -> None:
     make_task(seen("a"), title="a")
     make_task(seen("b"), title="b")
     with transaction.atomic():
-        begun = worker._claim_batch()
+        begun = worker.claim_batch()
     Step.objects.filter(key="b").update(state="blocked")  # not the state its start wrote
     verdicts = [(s, Verdict.done({"ok": True})) for s in begun if isinstance(s, Started)]
     with pytest.raises(Conflict):
-        worker._commit_batch(verdicts, [])
+        worker.commit_batch(verdicts, [])
     # Finished together or not at all: a's verdict went with the batch's transaction.
     assert dict(Step.objects.values_list("key", "state")) == {"a": "running", "b": "blocked"}
     assert not Event.objects.filter(kind="step_done").exists()
 
 
-def test_one_statement_claims_the_least_claimed_free_tasks(worker: Runner) -> None:
+def test_one_statement_claims_the_least_claimed_free_tasks(worker: Worker) -> None:
     tasks = [make_task(seen(f"c{n}"), title=f"c{n}") for n in range(4)]
     Task.objects.filter(pk=tasks[0].pk).update(lease_epoch=5)  # claimed often before
     held_until = timezone.now() + timedelta(minutes=5)
@@ -262,7 +262,7 @@ def running_at_once(tool: str) -> int:
 
 
 def test_a_batch_holds_one_side_effect_step_that_would_ask_if_cut_and_many_that_would_not(
-    worker: Runner,
+    worker: Worker,
 ) -> None:
     for n in range(3):
         make_task(
@@ -285,7 +285,7 @@ def test_a_batch_holds_one_side_effect_step_that_would_ask_if_cut_and_many_that_
 
 @pytest.mark.parametrize("listed", [False, True])
 def test_posts_go_one_at_a_time_unless_their_receiver_deduplicates_on_the_key(
-    worker: Runner, settings: Any, listed: bool
+    worker: Worker, settings: Any, listed: bool
 ) -> None:
     with Receiver() as receiver:
         settings.LOOP_IDEMPOTENT_RECEIVERS = [receiver.url("/pay")] if listed else []

@@ -18,7 +18,7 @@ from loop import actions, open_steps
 from loop.judges import tool as tool_judge
 from loop.models import Event, EventKind, Step, StepState, Task, TaskState
 from loop.permissions import SYSTEM
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
@@ -145,7 +145,7 @@ def run_two(count: int, settings: Any) -> tuple[float, float]:
     statements and the engine's work (SQLite) per step."""
     settings.LOOP_CHAIN_SECONDS = 3600  # one chain to the end: no timing in the counts
     tasks = [big_task(count, title="one"), big_task(count, title="two")]
-    runner = Runner(label="test", batch=8)
+    runner = Worker(label="test", batch=8)
     runner.boot()
     statements = [0]
 

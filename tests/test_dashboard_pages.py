@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from loop.models import Event, Step, Task
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
@@ -41,7 +41,7 @@ def test_every_page_needs_a_login(db: None) -> None:
     assert Client().get("/accounts/login/").status_code == 200
 
 
-def test_home_shows_the_question_first_with_its_buttons(dad: User, worker: Runner) -> None:
+def test_home_shows_the_question_first_with_its_buttons(dad: User, worker: Worker) -> None:
     task = make_task(step("look"), ask_first(), title="Pay the plumber")
     run_until_idle(worker)
     page = logged_in(dad).get(reverse("loop:home")).content.decode()
@@ -53,7 +53,7 @@ def test_home_shows_the_question_first_with_its_buttons(dad: User, worker: Runne
 
 
 def test_a_reader_sees_no_buttons_and_a_forged_post_is_refused_and_journaled(
-    guest: User, worker: Runner
+    guest: User, worker: Worker
 ) -> None:
     make_task(ask_first())
     run_until_idle(worker)
@@ -72,7 +72,7 @@ def test_a_reader_sees_no_buttons_and_a_forged_post_is_refused_and_journaled(
     assert Event.objects.filter(kind="decision_refused", data__action="pause").exists()
 
 
-def test_a_post_without_the_csrf_token_is_refused(dad: User, worker: Runner) -> None:
+def test_a_post_without_the_csrf_token_is_refused(dad: User, worker: Worker) -> None:
     make_task(ask_first())
     run_until_idle(worker)
     blocked = Step.objects.get(key="pay")
@@ -90,7 +90,7 @@ def test_get_on_a_post_endpoint_is_405(dad: User, name: str) -> None:
     assert logged_in(dad).get(reverse(f"loop:{name}", args=[arg])).status_code == 405
 
 
-def test_allow_once_by_htmx_answers_with_a_fragment(dad: User, worker: Runner) -> None:
+def test_allow_once_by_htmx_answers_with_a_fragment(dad: User, worker: Worker) -> None:
     make_task(ask_first())
     run_until_idle(worker)
     blocked = Step.objects.get(key="pay")
@@ -104,7 +104,7 @@ def test_allow_once_by_htmx_answers_with_a_fragment(dad: User, worker: Runner) -
 
 
 def test_a_decision_that_does_not_answer_the_question_is_409_and_named(
-    dad: User, worker: Runner
+    dad: User, worker: Worker
 ) -> None:
     make_task(ask_first())
     run_until_idle(worker)
@@ -145,7 +145,7 @@ def test_new_task_from_an_uploaded_file(dad: User) -> None:
 
 
 def test_task_page_shows_steps_output_escaped_journal_and_timeline(
-    dad: User, worker: Runner
+    dad: User, worker: Worker
 ) -> None:
     task = make_task(step("xss", args={"value": "<script>alert(1)</script>"}), step("b"))
     run_until_idle(worker)
@@ -184,7 +184,7 @@ def test_pause_resume_and_supersede(dad: User) -> None:
     assert response["Location"] == reverse("loop:task", args=[task.successor.pk])
 
 
-def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: Runner) -> None:
+def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: Worker) -> None:
     """Answering and steering need loop.confirm_step, a new task loop.add_task: the action
     checks, whichever page posts."""
     from django.contrib.auth.models import Permission
@@ -219,7 +219,7 @@ def test_the_dashboard_asks_the_same_permissions_as_the_api(dad: User, worker: R
     assert task.steps.count() == 2
 
 
-def test_a_task_that_ended_offers_no_add_steps_or_supersede(dad: User, worker: Runner) -> None:
+def test_a_task_that_ended_offers_no_add_steps_or_supersede(dad: User, worker: Worker) -> None:
     """Both would be refused (the task takes no more steps and no successor)."""
     client = logged_in(dad)
     finished = make_task(step("a"))

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from loop import actions, effects, guard, lease
+from loop import actions, effects, guard, lease, step_life
 from loop.guard import Decision, EffectFacts, StepFacts
 from loop.models import Effect, Event, Step, Task
-from loop.runner import Runner
-from loop.tick import Started
+from loop.step_life import Started
+from loop.worker import Worker
 
 from .conftest import claim_and_start, make_task, run_until_idle, step
 from .cuts import (
@@ -43,7 +43,7 @@ def kinds(task: Task) -> list[str]:
 # ---- the §5 table, row by row --------------------------------------------------------------
 
 
-def test_first_run_without_confirm_before_runs(worker: Runner, receiver: Receiver) -> None:
+def test_first_run_without_confirm_before_runs(worker: Worker, receiver: Receiver) -> None:
     task = make_task(post(receiver.url()))
     run_until_idle(worker)
     assert Step.objects.get(task=task).state == "done"
@@ -51,7 +51,7 @@ def test_first_run_without_confirm_before_runs(worker: Runner, receiver: Receive
 
 
 def test_first_run_with_confirm_before_asks_may_i_and_sends_nothing(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     task = make_task(post(receiver.url(), confirm_before=True))
     run_until_idle(worker)
@@ -64,7 +64,7 @@ def test_first_run_with_confirm_before_asks_may_i_and_sends_nothing(
 
 
 def test_confirm_before_defaults_from_the_setting(
-    worker: Runner, receiver: Receiver, settings: Any
+    worker: Worker, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_CONFIRM_SIDE_EFFECTS = True
     task = make_task(post(receiver.url()), step("read-only"))
@@ -143,7 +143,7 @@ def test_resume_always_never_covers_an_uncertain_effect(
 
 
 def test_an_unconsumed_authorization_is_consumed_in_the_start_commit(
-    worker: Runner, receiver: Receiver, dad: Any
+    worker: Worker, receiver: Receiver, dad: Any
 ) -> None:
     task = make_task(post(receiver.url(), confirm_before=True))
     run_until_idle(worker)
@@ -157,7 +157,7 @@ def test_an_unconsumed_authorization_is_consumed_in_the_start_commit(
     with pytest.raises(Abandoned), transaction.atomic():  # the start commit fails
         claimed = lease.claim(worker.worker_id)
         assert claimed is not None
-        assert isinstance(worker._begin(*claimed), Started)
+        assert isinstance(step_life.begin_one(claimed[0], worker.holding(claimed[1])), Started)
         raise Abandoned
     assert Step.objects.get(pk=pay.pk).authorized_by == "dad"  # not consumed either
     assert "authorization_consumed" not in kinds(task)

@@ -7,8 +7,9 @@ from typing import Any
 
 from django.test import Client
 
-from loop.models import Step, Worker, WorkerState
-from loop.runner import Runner
+from loop.models import Step, WorkerState
+from loop.models import Worker as WorkerRow
+from loop.worker import Worker
 
 from .conftest import make_task, step
 
@@ -23,16 +24,16 @@ def problems(client: Client, status: int) -> list[str]:
 
 def test_healthz_is_200_while_a_worker_is_alive_and_writes_work(db: None, settings: Any) -> None:
     settings.LOOP_MIN_FREE_MB = 0
-    Runner(label="alive").boot()
+    Worker(label="alive").boot()
     assert problems(Client(), 200) == []
 
 
 def test_healthz_is_503_when_no_worker_is_alive(db: None, settings: Any) -> None:
     settings.LOOP_MIN_FREE_MB = 0
     assert problems(Client(), 503) == ["no worker is alive"]
-    gone = Runner(label="gone")
+    gone = Worker(label="gone")
     gone.boot()
-    Worker.objects.filter(pk=gone.worker_id).update(state=WorkerState.STOPPED)
+    WorkerRow.objects.filter(pk=gone.worker_id).update(state=WorkerState.STOPPED)
     assert problems(Client(), 503) == ["no worker is alive"]
 
 
@@ -40,12 +41,12 @@ def test_a_worker_parks_on_low_disk_and_healthz_says_why_until_room_returns(
     db: None, settings: Any
 ) -> None:
     task = make_task(step("a"))
-    worker = Runner(label="cramped")
+    worker = Worker(label="cramped")
     worker.boot()
     settings.LOOP_MIN_FREE_MB = 10**12  # more than any disk has
 
     assert worker.tick() is False  # parked: no claim
-    row = Worker.objects.get(pk=worker.worker_id)
+    row = WorkerRow.objects.get(pk=worker.worker_id)
     assert row.state == WorkerState.PARKED and row.parked_reason.startswith("low disk")
     assert Step.objects.get(task=task).state == "pending"
     found = problems(Client(), 503)
@@ -54,7 +55,7 @@ def test_a_worker_parks_on_low_disk_and_healthz_says_why_until_room_returns(
 
     settings.LOOP_MIN_FREE_MB = 0
     assert worker.tick() is True
-    assert Worker.objects.get(pk=worker.worker_id).state == WorkerState.RUNNING
+    assert WorkerRow.objects.get(pk=worker.worker_id).state == WorkerState.RUNNING
     assert Step.objects.get(task=task).state == "done"
     assert problems(Client(), 200) == []
 

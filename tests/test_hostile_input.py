@@ -24,7 +24,7 @@ from django.urls import reverse
 from loop import plans
 from loop.api.core import issue
 from loop.models import Step, Task
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import ROOT, make_task, process_env, run_until_idle, step
 
@@ -352,7 +352,7 @@ def test_yaml_safe_load_would_have_expanded_the_bomb() -> None:
     "body",
     [b'{"x": NaN}', b'{"x": 1e999}', b'{"x": "a\\u0000b"}', b"[" * 200 + b"]" * 200, b"\x00\xff"],
 )
-def test_an_answer_the_database_could_not_hold_is_kept_as_text(worker: Runner, body: bytes) -> None:
+def test_an_answer_the_database_could_not_hold_is_kept_as_text(worker: Worker, body: bytes) -> None:
     """A JSON answer with NaN (or a NUL, or nested past 100 levels) would fail the output's
     write, and the tick with it, on every try: it is kept as text instead."""
     from .test_wire import canned
@@ -367,7 +367,7 @@ def test_an_answer_the_database_could_not_hold_is_kept_as_text(worker: Runner, b
         assert isinstance(done.output["body"], str) and "\x00" not in done.output["body"]
 
 
-def test_a_file_that_is_not_text_is_refused_by_file_read(worker: Runner, file_root: Path) -> None:
+def test_a_file_that_is_not_text_is_refused_by_file_read(worker: Worker, file_root: Path) -> None:
     (file_root / "blob").write_bytes(b"a\x00b")
     (file_root / "latin").write_bytes("café".encode("latin-1"))
     blob = make_task(step("blob", "file.read", args={"path": "blob"}))

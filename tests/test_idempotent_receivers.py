@@ -15,8 +15,8 @@ import pytest
 
 from loop import tools
 from loop.models import Effect, Event, Step, Task
-from loop.runner import Runner
 from loop.tools import receivers
+from loop.worker import Worker
 
 from .conftest import (
     ROOT,
@@ -146,7 +146,7 @@ def test_a_cut_post_to_a_receiver_not_listed_still_asks(
 
 @pytest.mark.parametrize("status", ["500", "409"])
 def test_a_listed_receivers_5xx_or_409_is_retried_with_the_same_key_without_asking(
-    worker: Runner, receiver: Receiver, settings: Any, status: str
+    worker: Worker, receiver: Receiver, settings: Any, status: str
 ) -> None:
     settings.LOOP_IDEMPOTENT_RECEIVERS = [receiver.url("/")]
     settings.LOOP_RETRY_BASE_SECONDS = 0
@@ -159,7 +159,7 @@ def test_a_listed_receivers_5xx_or_409_is_retried_with_the_same_key_without_aski
     assert [r.key for r in receiver.posts] == [effect.pk, effect.pk]
 
 
-def test_a_409_from_a_receiver_not_listed_is_a_refusal(worker: Runner, receiver: Receiver) -> None:
+def test_a_409_from_a_receiver_not_listed_is_a_refusal(worker: Worker, receiver: Receiver) -> None:
     receiver.behave("409")
     task = make_task(pay(receiver.url("/pay")))
     run_until_idle(worker)

@@ -172,9 +172,9 @@ def test_a_reader_gets_pages_without_buttons(
     transactional_db: None, guest: User, dad: User
 ) -> None:
     make_task(step("pay", "http.post", args={"url": "http://127.0.0.1:9/p"}, confirm_before=True))
-    from loop.runner import Runner
+    from loop.worker import Worker
 
-    runner = Runner(label="t")
+    runner = Worker(label="t")
     runner.boot()
     runner.tick()
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from loop import actions
+from loop import actions, step_life
 from loop.models import Event, Step, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
 
-def test_steps_run_in_order_and_outputs_flow(worker: Runner) -> None:
+def test_steps_run_in_order_and_outputs_flow(worker: Worker) -> None:
     task = make_task(
         step("a", args={"value": {"n": 2}}),
         step("b", args={"value": "n is ${a.value.n}"}),
@@ -29,7 +29,7 @@ def test_steps_run_in_order_and_outputs_flow(worker: Runner) -> None:
 
 
 def test_transient_error_retries_then_fails_at_the_cap(
-    worker: Runner, file_root: Path, settings
+    worker: Worker, file_root: Path, settings
 ) -> None:  # type: ignore[no-untyped-def]
     settings.LOOP_RETRY_BASE_SECONDS = 0
     task = make_task(
@@ -44,7 +44,7 @@ def test_transient_error_retries_then_fails_at_the_cap(
     assert task.state == "paused"  # "after" remains: the task waits for a person
 
 
-def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -> None:
+def test_failed_step_pauses_task_until_resume(worker: Worker, file_root: Path) -> None:
     task = make_task(step("read", "file.read", args={"path": "missing.txt"}), step("after"))
     run_until_idle(worker)
     task.refresh_from_db()
@@ -57,7 +57,7 @@ def test_failed_step_pauses_task_until_resume(worker: Runner, file_root: Path) -
     assert task.steps.get(key="after").state == "done"
 
 
-def test_add_steps_after_a_key_and_supersede(worker: Runner) -> None:
+def test_add_steps_after_a_key_and_supersede(worker: Worker) -> None:
     task = make_task(step("a"), step("c"))
     actions.add_steps(task_id=task.pk, steps=[step("b")], after="a", actor="pippa", user=SYSTEM)
     assert list(task.steps.order_by("position").values_list("key", flat=True)) == ["a", "b", "c"]
@@ -76,9 +76,9 @@ def test_add_steps_after_a_key_and_supersede(worker: Runner) -> None:
     assert Task.objects.get(pk=successor.pk).state == "done"
 
 
-def test_stale_holder_commit_is_refused_and_journaled(worker: Runner) -> None:
+def test_stale_holder_commit_is_refused_and_journaled(worker: Worker) -> None:
     from loop.judges import Verdict
-    from loop.tick import Started
+    from loop.step_life import Started
 
     task = make_task(step("a"))
     from django.db import transaction
@@ -87,14 +87,14 @@ def test_stale_holder_commit_is_refused_and_journaled(worker: Runner) -> None:
 
     with transaction.atomic():
         task_id, epoch = lease.claim(worker.worker_id)  # type: ignore[misc]
-        started = worker._begin(task_id, epoch)
+        started = step_life.begin_one(task_id, worker.holding(epoch))
     assert isinstance(started, Started)
     Task.objects.filter(pk=task.pk).update(lease_until=None)  # the lease ran out
-    other = Runner(label="other")
+    other = Worker(label="other")
     other.boot()
     with transaction.atomic():
         assert lease.claim(other.worker_id) == (task.pk, epoch + 1)
-    assert worker.commit(started, Verdict.done({"late": True})) is False
+    assert step_life.commit_one(started, Verdict.done({"late": True})) is False
     assert Event.objects.filter(kind="late_result", step=started.step).exists()
     assert Step.objects.get(pk=started.step.pk).output is None
 
@@ -111,7 +111,7 @@ def test_illegal_task_moves_are_refused(db: None, bad: str) -> None:
             actions.pause(task_id=task.pk, actor="dad", user=SYSTEM)
 
 
-def test_a_step_whose_tool_is_gone_fails_naming_it(worker: Runner) -> None:
+def test_a_step_whose_tool_is_gone_fails_naming_it(worker: Worker) -> None:
     task = make_task(step("a"), step("b"))
     Step.objects.filter(task=task, key="a").update(tool="gone.tool")  # its app was removed
     worker.tick()

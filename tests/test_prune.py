@@ -19,7 +19,7 @@ from django.utils import timezone
 from loop import actions, live, prune
 from loop.models import AgentToken, Effect, Event, Receipt, Step, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
+from loop.worker import Worker
 
 from . import test_browser as web
 from .conftest import make_task, run_until_idle, step, wait_for
@@ -29,7 +29,7 @@ site, browser, dad_user = web.site, web.browser, web.dad_user  # the browser tes
 OLD = timezone.now() - timedelta(days=100)
 
 
-def finished_task(runner: Runner, title: str) -> Task:
+def finished_task(runner: Worker, title: str) -> Task:
     """A task run to `done` by the worker, with a side effect (an effect row) and events."""
     task = make_task(
         step("read", "echo"),
@@ -71,7 +71,7 @@ def agent(dad: User) -> AgentToken:
 
 
 def test_prune_takes_old_finished_history_and_leaves_open_tasks_alone(
-    worker: Runner, file_root: Path, capsys: Any
+    worker: Worker, file_root: Path, capsys: Any
 ) -> None:
     gone = finished_task(worker, "gone")
     recent = finished_task(worker, "recent")  # finished, but inside the window
@@ -90,7 +90,7 @@ def test_prune_takes_old_finished_history_and_leaves_open_tasks_alone(
     assert "tasks: deleted 1" in capsys.readouterr().out
 
 
-def test_dry_run_counts_and_deletes_nothing(worker: Runner, file_root: Path, capsys: Any) -> None:
+def test_dry_run_counts_and_deletes_nothing(worker: Worker, file_root: Path, capsys: Any) -> None:
     gone = finished_task(worker, "gone")
     age(gone)
     before = history(gone)
@@ -127,7 +127,7 @@ def test_receipts_inside_their_replay_window_or_of_an_open_task_stay(
 def test_each_batch_is_small_and_committed_before_the_next(
     transactional_db: None, file_root: Path
 ) -> None:
-    runner = Runner(label="test")
+    runner = Worker(label="test")
     runner.boot()
     tasks = [finished_task(runner, f"t{n}") for n in range(3)]
     for task in tasks:
@@ -148,7 +148,7 @@ def test_each_batch_is_small_and_committed_before_the_next(
 
 
 def test_a_worker_prunes_one_small_batch_at_a_time(
-    worker: Runner, file_root: Path, settings: Any
+    worker: Worker, file_root: Path, settings: Any
 ) -> None:
     gone = finished_task(worker, "gone")
     age(gone)
@@ -164,7 +164,7 @@ def test_a_worker_prunes_one_small_batch_at_a_time(
 def test_a_page_whose_last_event_was_pruned_reloads(
     transactional_db: None, dad: User, file_root: Path
 ) -> None:
-    runner = Runner(label="test")
+    runner = Worker(label="test")
     runner.boot()
     gone = finished_task(runner, "gone")
     kept = make_task(step("a"), title="open")
@@ -204,7 +204,7 @@ def test_a_reconnecting_browser_page_whose_last_event_was_pruned_loads_afresh(
 ) -> None:
     from playwright.sync_api import expect
 
-    runner = Runner(label="test")
+    runner = Worker(label="test")
     runner.boot()
     gone = make_task(step("a"), title="finished long ago")
     run_until_idle(runner)

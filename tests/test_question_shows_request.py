@@ -22,8 +22,8 @@ from django.utils.html import escape
 from loop import tools
 from loop.api.core import issue
 from loop.models import Effect, Step, Task
-from loop.runner import Runner
 from loop.tools.shown import Field
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
@@ -95,7 +95,7 @@ def agent_client(dad: User) -> Client:
     return Client(HTTP_AUTHORIZATION=f"Bearer {token}")
 
 
-def asked(plan_step: dict[str, Any], worker: Runner) -> Step:
+def asked(plan_step: dict[str, Any], worker: Worker) -> Step:
     task = make_task(plan_step, title="Settle the plumber")
     run_until_idle(worker)
     blocked = task.steps.get()
@@ -127,7 +127,7 @@ def view_texts(view: list[dict[str, str]]) -> dict[str, str]:
 
 @pytest.mark.parametrize("plan_step", [EMAIL, POST, WRITE], ids=["email", "post", "file"])
 def test_may_i_shows_the_whole_request_in_the_cli_the_api_and_the_page(
-    plan_step: dict[str, Any], dad: User, worker: Runner, agent_client: Client, file_root: Path
+    plan_step: dict[str, Any], dad: User, worker: Worker, agent_client: Client, file_root: Path
 ) -> None:
     blocked = asked(plan_step, worker)
     expected = EXPECTED[plan_step["tool"]]
@@ -166,7 +166,7 @@ def test_may_i_shows_the_whole_request_in_the_cli_the_api_and_the_page(
     assert "<b>invoice</b>" not in home and "<b>invoice</b>" not in task_page  # escaped
 
 
-def test_a_long_body_folds_on_the_page_a_short_one_does_not(dad: User, worker: Runner) -> None:
+def test_a_long_body_folds_on_the_page_a_short_one_does_not(dad: User, worker: Worker) -> None:
     blocked = asked(EMAIL, worker)
     client = Client()
     client.force_login(dad)
@@ -268,7 +268,7 @@ def test_did_it_happen_shows_each_uncertain_effects_request_in_full(
     assert "Not checked" in card
 
 
-def test_the_cli_writes_a_hostile_bodys_terminal_escapes_out(dad: User, worker: Runner) -> None:
+def test_the_cli_writes_a_hostile_bodys_terminal_escapes_out(dad: User, worker: Worker) -> None:
     hostile = {**EMAIL, "args": {**EMAIL["args"], "body": "hi\x1b[2J\x1b]0;owned\x07\nbye\r"}}
     blocked = asked(hostile, worker)
     out = io.StringIO()

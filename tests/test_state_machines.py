@@ -28,12 +28,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from loop import actions, lease, plans
+from loop import actions, lease, plans, step_life
 from loop.models import OPEN_STEP_STATES, EffectState, Event, Step, StepState, Task, TaskState
 from loop.permissions import SYSTEM
-from loop.runner import Runner
 from loop.states import EFFECT, STEP, TASK, IllegalTransition, Machine
-from loop.tick import NeedsProbe, Started
+from loop.step_life import NeedsProbe, Started
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
@@ -143,7 +143,7 @@ class LoopMachine(RuleBasedStateMachine):
         super().__init__()
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
-        self.runner = Runner(label="hypothesis")
+        self.runner = Worker(label="hypothesis")
         self.runner.boot()
         self.tasks: list[int] = []
         self.keys = 0
@@ -180,7 +180,7 @@ class LoopMachine(RuleBasedStateMachine):
             claimed = lease.claim(self.runner.worker_id)
             if claimed is None:
                 return
-            begun = self.runner._begin(*claimed)
+            begun = step_life.begin_one(claimed[0], self.runner.holding(claimed[1]))
         assert not isinstance(begun, NeedsProbe)  # no side effects here: nothing to probe
         Task.objects.filter(pk=claimed[0]).update(lease_until=timezone.now() - timedelta(seconds=1))
         if isinstance(begun, Started):

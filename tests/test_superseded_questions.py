@@ -14,7 +14,7 @@ from django.test import Client
 from loop import actions, plans
 from loop.models import Effect, Event, Step, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import run_until_idle, step
 from .sinks import Receiver
@@ -34,7 +34,7 @@ def superseded(pay: Step) -> None:
 
 
 def test_do_it_again_is_refused_on_a_superseded_task(
-    worker: Runner, receiver: Receiver, dad: Any
+    worker: Worker, receiver: Receiver, dad: Any
 ) -> None:
     pay = asking_did_it_happen(receiver.url())
     superseded(pay)
@@ -56,7 +56,7 @@ def test_do_it_again_is_refused_on_a_superseded_task(
 
 
 def test_allow_is_refused_and_deny_closes_the_question(
-    worker: Runner, receiver: Receiver, dad: Any
+    worker: Worker, receiver: Receiver, dad: Any
 ) -> None:
     pay = asking_may_i(worker, receiver.url())
     superseded(pay)
@@ -70,7 +70,7 @@ def test_allow_is_refused_and_deny_closes_the_question(
 
 
 def test_the_card_offers_only_the_closing_answers(
-    worker: Runner, receiver: Receiver, dad: Any
+    worker: Worker, receiver: Receiver, dad: Any
 ) -> None:
     may = asking_may_i(worker, receiver.url())
     happened = asking_did_it_happen(receiver.url())

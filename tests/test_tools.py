@@ -15,12 +15,13 @@ from django.conf import settings as django_settings
 from django.core.mail.backends.smtp import EmailBackend as SmtpBackend
 from django.db import transaction
 
-from loop import effects, journal, plans, tools
+from loop import journal, plans, tools
+from loop.judges import Verdict, Work
 from loop.judges import tool as tool_judge
 from loop.models import Effect, Event, Step, Task
 from loop.permissions import SYSTEM
-from loop.runner import Runner
 from loop.tools.mail import message_id
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 from .cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
@@ -49,7 +50,7 @@ def post(url: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_a_2xx_post_succeeds_and_carries_the_effect_id_as_idempotency_key(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     task = make_task(post(receiver.url()))
     run_until_idle(worker)
@@ -60,7 +61,7 @@ def test_a_2xx_post_succeeds_and_carries_the_effect_id_as_idempotency_key(
 
 
 def test_deleting_a_task_takes_its_effects_and_every_event_naming_them(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     # Event.effect has no database constraint (see the model): the step's cascade does it.
     task = make_task(post(receiver.url()))
@@ -74,7 +75,7 @@ def test_deleting_a_task_takes_its_effects_and_every_event_naming_them(
 
 
 def test_the_journal_refuses_an_event_naming_an_effect_but_not_its_step(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     task = make_task(post(receiver.url()))
     run_until_idle(worker)
@@ -83,7 +84,7 @@ def test_the_journal_refuses_an_event_naming_an_effect_but_not_its_step(
 
 
 def test_a_plan_cannot_set_its_own_idempotency_key_header(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     task = make_task(
         step(
@@ -98,7 +99,7 @@ def test_a_plan_cannot_set_its_own_idempotency_key_header(
     assert [k for k in put.headers if k.lower() == "idempotency-key"] == ["Idempotency-Key"]
 
 
-def test_a_refused_connection_was_not_sent_and_the_step_retries(worker: Runner) -> None:
+def test_a_refused_connection_was_not_sent_and_the_step_retries(worker: Worker) -> None:
     task = make_task(post(closed_url()))
     assert worker.tick()
     hook, effect = only_step(task), only_effect(task)
@@ -107,7 +108,7 @@ def test_a_refused_connection_was_not_sent_and_the_step_retries(worker: Runner) 
     assert effect.state == "pending" and "refused" in effect.error.lower()
 
 
-def test_a_4xx_is_rejected_and_the_step_fails(worker: Runner, receiver: Receiver) -> None:
+def test_a_4xx_is_rejected_and_the_step_fails(worker: Worker, receiver: Receiver) -> None:
     receiver.behave("400")
     task = make_task(post(receiver.url()))
     run_until_idle(worker)
@@ -119,7 +120,7 @@ def test_a_4xx_is_rejected_and_the_step_fails(worker: Runner, receiver: Receiver
 
 @pytest.mark.parametrize("status", ["408", "500"])
 def test_a_408_or_5xx_is_uncertain_and_asks_did_this_happen(
-    worker: Runner, receiver: Receiver, status: str
+    worker: Worker, receiver: Receiver, status: str
 ) -> None:
     receiver.behave(status)
     task = make_task(post(receiver.url()))
@@ -132,7 +133,7 @@ def test_a_408_or_5xx_is_uncertain_and_asks_did_this_happen(
 
 
 def test_a_429_was_not_sent_and_retries_after_its_retry_after(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     receiver.behave("429")
     task = make_task(post(receiver.url()))
@@ -150,7 +151,7 @@ def test_a_429_was_not_sent_and_retries_after_its_retry_after(
 
 
 def test_a_timeout_after_the_request_was_written_is_uncertain(
-    worker: Runner, receiver: Receiver, settings: Any
+    worker: Worker, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_HTTP_TIMEOUT = 0.5
     receiver.behave("hang")
@@ -162,7 +163,7 @@ def test_a_timeout_after_the_request_was_written_is_uncertain(
 
 
 def test_the_receivers_probe_settles_a_post_it_knows(
-    worker: Runner, receiver: Receiver, settings: Any
+    worker: Worker, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_HTTP_TIMEOUT = 0.5
     settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
@@ -177,7 +178,7 @@ def test_the_receivers_probe_settles_a_post_it_knows(
 
 
 def test_a_probe_that_finds_nothing_still_asks_and_shows_its_evidence(
-    worker: Runner, receiver: Receiver, settings: Any
+    worker: Worker, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
     receiver.behave("500")
@@ -189,13 +190,13 @@ def test_a_probe_that_finds_nothing_still_asks_and_shows_its_evidence(
 
 
 def test_a_read_only_step_may_not_call_a_side_effect_tool(
-    worker: Runner, receiver: Receiver
+    worker: Worker, receiver: Receiver
 ) -> None:
     task = make_task(post(receiver.url()))
     Step.objects.filter(task=task).update(side_effect=False)  # e.g. a judge's own tool call
     hook = only_step(task)
-    holder = effects.Holder(worker.worker_id, task.lease_epoch, worker.actor)
-    verdict = tool_judge.run(hook, holder)
+    [verdict] = tool_judge.JUDGE.perform([Work(hook, worker.holding(task.lease_epoch))])
+    assert isinstance(verdict, Verdict)
     assert verdict.kind == "failed"
     assert "is read-only, but tool 'http.post' has side effects: nothing was sent" in verdict.error
     assert receiver.posts == [] and not Effect.objects.exists()
@@ -205,7 +206,7 @@ def test_a_read_only_step_may_not_call_a_side_effect_tool(
 
 
 def test_file_write_writes_the_content_and_its_probe_knows_the_digest(
-    worker: Runner, file_root: Path
+    worker: Worker, file_root: Path
 ) -> None:
     task = make_task(step("note", "file.write", args={"path": "a/b.txt", "content": "hi"}))
     run_until_idle(worker)
@@ -220,7 +221,7 @@ def test_file_write_writes_the_content_and_its_probe_knows_the_digest(
 
 
 def test_an_unexpected_failure_of_a_safe_to_repeat_write_retries_without_asking(
-    worker: Runner, file_root: Path, monkeypatch: pytest.MonkeyPatch
+    worker: Worker, file_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = tools.get("file.write")
 
@@ -244,7 +245,7 @@ def test_an_unexpected_failure_of_a_safe_to_repeat_write_retries_without_asking(
     ],
 )
 def test_paths_from_an_output_that_leave_the_file_root_are_refused_at_run_time(
-    worker: Runner, file_root: Path, tool: str, args: dict[str, Any]
+    worker: Worker, file_root: Path, tool: str, args: dict[str, Any]
 ) -> None:
     """A path known in the plan is refused there (test_plan_time_checks); one that an earlier
     step's output fills in is refused when it is resolved."""
@@ -257,7 +258,7 @@ def test_paths_from_an_output_that_leave_the_file_root_are_refused_at_run_time(
     assert (file_root.parent / "escaped.txt").read_text() == "outside"
 
 
-def test_file_write_onto_a_folder_is_rejected(worker: Runner, file_root: Path) -> None:
+def test_file_write_onto_a_folder_is_rejected(worker: Worker, file_root: Path) -> None:
     (file_root / "folder").mkdir()
     task = make_task(step("note", "file.write", args={"path": "folder", "content": "x"}))
     run_until_idle(worker)
@@ -283,7 +284,7 @@ def mail(**args: Any) -> dict[str, Any]:
 
 
 def test_email_goes_out_over_smtp_once_with_a_message_id_from_the_effect(
-    worker: Runner, mailbox: Mailbox
+    worker: Worker, mailbox: Mailbox
 ) -> None:
     task = make_task(mail())
     run_until_idle(worker)
@@ -293,7 +294,7 @@ def test_email_goes_out_over_smtp_once_with_a_message_id_from_the_effect(
 
 
 def test_a_batch_performs_its_effects_at_once_and_records_each_outcome_on_its_own(
-    worker: Runner, file_root: Path, receiver: Receiver, settings: Any
+    worker: Worker, file_root: Path, receiver: Receiver, settings: Any
 ) -> None:
     settings.LOOP_HTTP_PROBE_URL = receiver.probe_url
     refused_url = closed_url()
@@ -318,7 +319,7 @@ def test_a_batch_performs_its_effects_at_once_and_records_each_outcome_on_its_ow
     assert (file_root / "a.txt").read_text() == "hi"
 
 
-def test_a_recipient_the_server_refuses_is_rejected(worker: Runner, mailbox: Mailbox) -> None:
+def test_a_recipient_the_server_refuses_is_rejected(worker: Worker, mailbox: Mailbox) -> None:
     mailbox.refuse_rcpt = "550 no such user"
     task = make_task(mail())
     run_until_idle(worker)
@@ -326,7 +327,7 @@ def test_a_recipient_the_server_refuses_is_rejected(worker: Runner, mailbox: Mai
     assert mailbox.messages == []
 
 
-def test_a_recipient_the_server_defers_was_not_sent(worker: Runner, mailbox: Mailbox) -> None:
+def test_a_recipient_the_server_defers_was_not_sent(worker: Worker, mailbox: Mailbox) -> None:
     mailbox.refuse_rcpt = "450 mailbox busy, try later"
     task = make_task(mail())
     assert worker.tick()
@@ -335,7 +336,7 @@ def test_a_recipient_the_server_defers_was_not_sent(worker: Runner, mailbox: Mai
 
 
 def test_a_refused_smtp_login_is_rejected_not_retried(
-    worker: Runner, mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+    worker: Worker, mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse_login(self: Any) -> None:
         raise smtplib.SMTPAuthenticationError(535, b"bad credentials")
@@ -346,7 +347,7 @@ def test_a_refused_smtp_login_is_rejected_not_retried(
     assert only_step(task).state == "failed" and "refused our login" in only_step(task).error
 
 
-def test_an_unreachable_mail_server_was_not_sent(worker: Runner, settings: Any) -> None:
+def test_an_unreachable_mail_server_was_not_sent(worker: Worker, settings: Any) -> None:
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = "127.0.0.1"
     settings.EMAIL_PORT = int(closed_url().split(":")[2].split("/")[0])
@@ -356,7 +357,7 @@ def test_an_unreachable_mail_server_was_not_sent(worker: Runner, settings: Any) 
 
 
 def test_the_mail_file_backend_probe_finds_a_sent_message(
-    worker: Runner, settings: Any, tmp_path: Path
+    worker: Worker, settings: Any, tmp_path: Path
 ) -> None:
     settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
     settings.EMAIL_FILE_PATH = str(tmp_path / "mail")
@@ -399,7 +400,7 @@ def insert(item: str, **args: Any) -> dict[str, Any]:
 
 
 def test_sql_execute_runs_once_and_records_its_effect_id_in_the_same_transaction(
-    worker: Runner, shop: Path
+    worker: Worker, shop: Path
 ) -> None:
     task = make_task(insert("tea"))  # no `database`: the first configured alias
     run_until_idle(worker)
@@ -439,7 +440,7 @@ def test_the_sql_probe_asks_the_effect_id_table(db: None, shop: Path) -> None:
     ],
 )
 def test_a_statement_the_database_refuses_is_rejected_and_rolled_back(
-    worker: Runner, shop: Path, statement: str, why: str
+    worker: Worker, shop: Path, statement: str, why: str
 ) -> None:
     rows(shop, "INSERT INTO orders (item) VALUES ('dup')")
     task = make_task(step("bad", "sql.execute", args={"database": "shop", "sql": statement}))
@@ -450,7 +451,7 @@ def test_a_statement_the_database_refuses_is_rejected_and_rolled_back(
 
 
 def test_a_database_that_cannot_be_reached_was_not_sent(
-    worker: Runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    worker: Worker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path / 'no-such-folder' / 'x.sqlite3'}"
     monkeypatch.setitem(django_settings.DATABASES, "gone", dj_database_url.parse(url))
@@ -460,7 +461,7 @@ def test_a_database_that_cannot_be_reached_was_not_sent(
 
 
 def test_the_loops_own_database_is_off_limits(
-    worker: Runner, monkeypatch: pytest.MonkeyPatch
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     own = dict(django_settings.DATABASES["default"])
     monkeypatch.setitem(django_settings.DATABASES, "sneaky", own)
@@ -499,7 +500,7 @@ def test_shell_run_is_off_by_default_and_plans_using_it_are_refused(db: None) ->
 
 
 def test_shell_run_switched_off_after_planning_fails_at_run_time(
-    worker: Runner, file_root: Path, settings: Any
+    worker: Worker, file_root: Path, settings: Any
 ) -> None:
     settings.LOOP_SHELL_ENABLED = True
     task = make_task(step("sh", "shell.run", args={"argv": ["touch", "ran"]}))
@@ -515,7 +516,7 @@ def shell_on(settings: Any, file_root: Path) -> Path:
     return file_root
 
 
-def test_a_nonzero_exit_is_a_result_not_an_error(worker: Runner, shell_on: Path) -> None:
+def test_a_nonzero_exit_is_a_result_not_an_error(worker: Worker, shell_on: Path) -> None:
     (shell_on / "work").mkdir()
     task = make_task(
         step(
@@ -530,7 +531,7 @@ def test_a_nonzero_exit_is_a_result_not_an_error(worker: Runner, shell_on: Path)
     assert sh.output == {"returncode": 3, "stdout": f"{shell_on / 'work'}\n", "stderr": "oops\n"}
 
 
-def test_shell_run_cwd_is_confined_to_the_file_root(worker: Runner, shell_on: Path) -> None:
+def test_shell_run_cwd_is_confined_to_the_file_root(worker: Worker, shell_on: Path) -> None:
     task = make_task(
         step("up", args={"value": "../"}),
         step("sh", "shell.run", args={"argv": ["true"], "cwd": "${up.value}"}),
@@ -540,13 +541,13 @@ def test_shell_run_cwd_is_confined_to_the_file_root(worker: Runner, shell_on: Pa
     assert sh.state == "failed" and "outside the file root" in sh.error
 
 
-def test_a_program_that_does_not_exist_is_rejected(worker: Runner, shell_on: Path) -> None:
+def test_a_program_that_does_not_exist_is_rejected(worker: Worker, shell_on: Path) -> None:
     task = make_task(step("sh", "shell.run", args={"argv": ["no-such-program-pippa"]}))
     run_until_idle(worker)
     assert only_step(task).state == "failed" and only_effect(task).state == "failed"
 
 
-def test_a_command_killed_at_its_timeout_is_uncertain(worker: Runner, shell_on: Path) -> None:
+def test_a_command_killed_at_its_timeout_is_uncertain(worker: Worker, shell_on: Path) -> None:
     task = make_task(
         step(
             "sh",

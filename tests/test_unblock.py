@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 from loop import actions
 from loop.models import Effect, Event, Step, Task
-from loop.runner import Runner
+from loop.worker import Worker
 
 from .conftest import ROOT, make_task, manage, process_env, run_until_idle, step
 from .cuts import claimed_not_sent, cut, next_worker, post, sent_not_recorded
@@ -27,7 +27,7 @@ def receiver() -> Iterator[Receiver]:
         yield sink
 
 
-def asking_may_i(worker: Runner, url: str, *more: dict[str, Any]) -> Step:
+def asking_may_i(worker: Worker, url: str, *more: dict[str, Any]) -> Step:
     task = make_task(post(url, confirm_before=True), *more)
     run_until_idle(worker)
     pay = Step.objects.get(task=task, key="pay")
@@ -49,7 +49,7 @@ def decisions(pay: Step) -> list[tuple[str, str]]:
     return [(e.data["decision"], e.actor) for e in Event.objects.filter(kind="decision", step=pay)]
 
 
-def test_allow_runs_the_step_once(worker: Runner, receiver: Receiver, dad: Any) -> None:
+def test_allow_runs_the_step_once(worker: Worker, receiver: Receiver, dad: Any) -> None:
     pay = asking_may_i(worker, receiver.url())
     actions.unblock(step_id=pay.pk, decision="allow", actor="dad", user=dad)
     assert decisions(pay) == [("allow", "dad")]
@@ -60,7 +60,7 @@ def test_allow_runs_the_step_once(worker: Runner, receiver: Receiver, dad: Any) 
 
 @pytest.mark.parametrize(("more", "task_state"), [((), "failed"), ((step("after"),), "paused")])
 def test_deny_fails_the_step_and_sends_nothing(
-    worker: Runner, receiver: Receiver, dad: Any, more: tuple[dict[str, Any], ...], task_state: str
+    worker: Worker, receiver: Receiver, dad: Any, more: tuple[dict[str, Any], ...], task_state: str
 ) -> None:
     pay = asking_may_i(worker, receiver.url(), *more)
     actions.unblock(step_id=pay.pk, decision="deny", actor="dad", user=dad, note="too much")
@@ -123,7 +123,7 @@ def test_an_answer_to_another_question_is_refused_and_changes_nothing(
 
 
 def test_a_user_without_confirm_step_is_refused_and_it_is_journaled(
-    worker: Runner, receiver: Receiver, guest: Any
+    worker: Worker, receiver: Receiver, guest: Any
 ) -> None:
     pay = asking_may_i(worker, receiver.url())
     with pytest.raises(PermissionDenied):
@@ -140,7 +140,7 @@ def test_a_user_without_confirm_step_is_refused_and_it_is_journaled(
     "partway", [None, claimed_not_sent, sent_not_recorded], ids=["unsent", "claimed", "sent"]
 )
 def test_an_authorization_covers_exactly_one_start(
-    worker: Runner, receiver: Receiver, dad: Any, partway: Any
+    worker: Worker, receiver: Receiver, dad: Any, partway: Any
 ) -> None:
     pay = asking_may_i(worker, receiver.url())
     actions.unblock(step_id=pay.pk, decision="allow", actor="dad", user=dad)

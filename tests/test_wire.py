@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from loop.models import Effect, Step
-from loop.runner import Runner
 from loop.tools import ToolError, TransientError, get, wire
+from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
 
@@ -175,7 +175,7 @@ def test_a_response_that_does_not_read_whole_is_a_protocol_error(answer: bytes, 
 # ---- what the outbox makes of it -------------------------------------------------------------
 
 
-def test_a_chunked_json_answer_is_the_steps_output(worker: Runner) -> None:
+def test_a_chunked_json_answer_is_the_steps_output(worker: Worker) -> None:
     body = b'{"ok": true}'
     answer = (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -192,7 +192,7 @@ def test_a_chunked_json_answer_is_the_steps_output(worker: Runner) -> None:
     assert len(requests) == 1 and b"Idempotency-Key: " in requests[0]
 
 
-def test_an_answer_that_does_not_read_as_http_leaves_the_effect_uncertain(worker: Runner) -> None:
+def test_an_answer_that_does_not_read_as_http_leaves_the_effect_uncertain(worker: Worker) -> None:
     with canned(b"HTTP/1.1 2xx what\r\n\r\n") as (port, requests):
         task = make_task(step("hook", "http.post", args={"url": f"http://127.0.0.1:{port}/h"}))
         run_until_idle(worker)
@@ -202,7 +202,7 @@ def test_an_answer_that_does_not_read_as_http_leaves_the_effect_uncertain(worker
     assert hook.state == "blocked" and hook.question_kind == "did_it_happen"
 
 
-def test_a_header_the_tool_sets_itself_fails_the_step_and_sends_nothing(worker: Runner) -> None:
+def test_a_header_the_tool_sets_itself_fails_the_step_and_sends_nothing(worker: Worker) -> None:
     with canned(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") as (port, requests):
         # From an earlier output: a header named in the plan itself is refused there.
         args = {"url": f"http://127.0.0.1:{port}/h", "headers": "${given.value}"}
@@ -270,7 +270,7 @@ def test_https_with_a_trusted_certificate(
 
 
 def test_https_refuses_a_certificate_it_cannot_verify_before_sending(
-    tls_server: int, worker: Runner
+    tls_server: int, worker: Worker
 ) -> None:
     wire._tls.cache_clear()
     with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):

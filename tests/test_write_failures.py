@@ -26,8 +26,9 @@ from django.db import DatabaseError, OperationalError, connection
 from django.test import Client
 from django.utils import timezone
 
-from loop.models import Effect, EffectState, Step, StepState, Task, Worker
-from loop.runner import Runner
+from loop.models import Effect, EffectState, Step, StepState, Task
+from loop.models import Worker as WorkerRow
+from loop.worker import Worker
 
 from .chaos_sinks import HttpSink
 from .conftest import make_task, process_env, start_runloop, step, wait_for
@@ -78,7 +79,7 @@ def post_task(web: HttpSink, title: str, hook: str = "/hook/probe") -> Task:
     return make_task(step("send", "http.post", args=args), title=title)
 
 
-def run_out(runner: Runner, person: Person) -> None:
+def run_out(runner: Worker, person: Person) -> None:
     """Tick until idle, answering questions as the truth demands, until nothing is asked."""
     for _ in range(20):
         while runner.tick():
@@ -99,7 +100,7 @@ def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends
     with HttpSink(db_path=db_path) as web, time_machine.travel(timezone.now(), tick=True) as clock:
         settings.LOOP_HTTP_PROBE_URL = web.url("/probe/{key}")
         person = Person(web=web)
-        runner = Runner(label="faulty")
+        runner = Worker(label="faulty")
         runner.boot()
         post_task(web, "clean", hook)
         with Faults().injected() as clean:
@@ -123,7 +124,7 @@ def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends
                 assert effect.pk in web.record.keys(), f"{effect} succeeded but never arrived"
 
             runner.beat()  # writes work again: the heartbeat records the error
-            last_error = Worker.objects.get(pk=runner.worker_id).last_error
+            last_error = WorkerRow.objects.get(pk=runner.worker_id).last_error
             assert "injected" in last_error and named in last_error
 
             # A tick that broke off may still hold the lease: let it run out.
@@ -216,5 +217,5 @@ def test_a_full_database_stops_the_worker_visibly_and_the_run_completes_once_roo
     assert sorted(counts) == sorted(Effect.objects.values_list("pk", flat=True))
     assert set(counts.values()) == {1}  # every POST arrived, none twice
     assert Step.objects.filter(state=StepState.DONE).count() == 40 * 4
-    worker_row = Worker.objects.get(pid=worker.pid)
+    worker_row = WorkerRow.objects.get(pid=worker.pid)
     assert "database or disk is full" in worker_row.last_error  # recorded once writes worked

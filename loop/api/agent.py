@@ -20,38 +20,23 @@ from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
-from .. import effects, journal, lease, questions, tools
+from .. import effects, journal, lease, outcomes, questions, step_life, tools
 from ..effects import canonical
 from ..judges import Verdict
 from ..judges.tool import resolved_args
 from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
 from ..permissions import require
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
-from ..tick import NeedsProbe, Started, StepLifecycle
+from ..step_life import NeedsProbe, Started
 from .core import ApiError, Call, command, get_step, get_task
 
 LEASE_SALT = "loop.api.lease"
 VERDICTS = ("done", "failed", "retry", "blocked")
 
 
-class AgentLifecycle(StepLifecycle):
-    """The runner's step transactions (guard and start, fenced commit), as this agent."""
-
-    def __init__(self, agent: AgentToken, *, keeps_lease: bool = True) -> None:
-        self.agent = agent
-        self.keeps_lease = keeps_lease
-        self.stopping = False
-        self.once = True
-        self.batch_size = 1
-        self.in_hand = ""
-
-    @property
-    def actor(self) -> str:
-        return self.agent.actor
-
-    @property
-    def worker_id(self) -> int:
-        return self.agent.lease_owner
+def _holder(agent: AgentToken, epoch: int) -> effects.Holder:
+    """The agent as the holder of a task's lease at `epoch`."""
+    return effects.Holder(owner=agent.lease_owner, epoch=epoch, actor=agent.actor)
 
 
 # ---- lease tokens ------------------------------------------------------------------------------
@@ -85,7 +70,9 @@ def held_step(call: Call, data: dict[str, Any], step: Step) -> Started:
         raise ApiError(403, "lease_token: issued to another agent")
     if claims.get("step") != step.pk:
         raise ApiError(400, f"lease_token: is for step {claims.get('step')}, not step {step.pk}")
-    return Started(task_id=int(claims["task"]), epoch=int(claims["epoch"]), step=step)
+    if claims.get("task") != step.task_id:
+        raise ApiError(403, "lease_token: not for this step's task")
+    return Started(_holder(call.agent, int(claims["epoch"])), step)
 
 
 def _moved_on(started: Started) -> str:
@@ -103,17 +90,16 @@ def next_step(call: Call, task_id: int) -> HttpResponse:
     """Claim the task for this agent and guard and start its first open step, in one commit
     with the receipt; a step to probe first commits the claim, probes, then starts fenced."""
     require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
-    lifecycle = AgentLifecycle(call.agent)
     with transaction.atomic():
         epoch = lease.claim_task(
             task_id, call.agent.lease_owner, seconds=settings.LOOP_AGENT_LEASE_SECONDS
         )
         if epoch is None:
             raise _not_claimable(task_id)
-        begun = lifecycle._begin(task_id, epoch)
+        begun = step_life.begin_one(task_id, _holder(call.agent, epoch), keeps_lease=True)
         if not isinstance(begun, NeedsProbe):
             return call.keep(_next_answer(call.agent, task_id, begun))
-    return _next_answer(call.agent, task_id, lifecycle._probe_then_begin(begun))
+    return _next_answer(call.agent, task_id, step_life.probe_then_begin(begun, keeps_lease=True))
 
 
 def _next_answer(agent: AgentToken, task_id: int, begun: object) -> JsonResponse:
@@ -167,7 +153,7 @@ def commit(call: Call, step_id: int) -> HttpResponse:
         # "blocked" asks Dad "Did this happen?" about the step's uncertain effects; with none,
         # there is nothing to ask (`/api/effects` answers 409 "may have happened" first).
         raise ApiError(409, f"verdict: step '{step.key}' has no uncertain effect to ask about")
-    if not AgentLifecycle(call.agent, keeps_lease=not release).commit(started, verdict):
+    if not step_life.commit_one(started, verdict, keeps_lease=not release):
         raise ApiError(409, _moved_on(started) + "; the verdict was journaled as late_result")
     step.refresh_from_db()
     task = get_task(step.task_id)
@@ -262,35 +248,44 @@ def effect(call: Call) -> HttpResponse:
     owner = call.agent.lease_owner
     if not lease.held_by(task, owner, started.epoch):
         raise ApiError(409, _moved_on(started))  # before any intent of a stale holder is written
-    holder = effects.Holder(owner=owner, epoch=started.epoch, actor=call.agent.actor)
     eid = effects.effect_id(step, tool.name, args, key)
-    try:
-        with tools.calling(tools.Call.of(step, owner, started.epoch)):
-            output = effects.call(holder, step, tool, args, key)
-    except effects.EffectRejected as exc:
-        raise ApiError(422, f"tool: {exc}", effect=eid) from None
-    except effects.EffectNotSent as exc:
-        wait = exc.retry_after
+    with tools.calling(tools.Call.of(step, owner, started.epoch)):
+        outcome = effects.call(started.holder, step, tool, args, key)
+    return _effect_answer(eid, started, outcome)
+
+
+def _effect_answer(eid: str, started: Started, outcome: outcomes.Outcome) -> JsonResponse:
+    """What the outbox's outcome of the agent's call says to the agent."""
+    if isinstance(outcome, outcomes.Rejected):
+        raise ApiError(422, f"tool: {outcome.error}", effect=eid)
+    if isinstance(outcome, outcomes.NotSent):
+        wait = outcome.retry_after
         raise ApiError(
             503,
-            f"tool: not sent, try again: {exc}",
+            f"tool: not sent, try again: {outcome.error}",
             headers={"Retry-After": str(math.ceil(wait))} if wait is not None else None,
             effect=eid,
             retry_after=wait,
-        ) from None
-    except effects.StepMustAsk as exc:
-        kind, text = questions.did_it_happen(exc.effects)
+        )
+    if isinstance(outcome, outcomes.Uncertain):
+        kind, text = questions.did_it_happen(list(outcome.effects))
         raise ApiError(
             409,
-            f"effect: may have happened: {exc}; commit the step as 'blocked' to ask",
+            f"effect: may have happened: {outcome}; commit the step as 'blocked' to ask",
             effect=eid,
-            question={"kind": kind, "text": text, "effects": [effect_dict(e) for e in exc.effects]},
-        ) from None
-    except effects.EffectBusy as exc:
-        raise ApiError(409, f"effect: {exc}", effect=eid, until=str(exc.until)) from None
-    except lease.LeaseLost:
-        raise ApiError(409, _moved_on(started), effect=eid) from None
-    return JsonResponse({"effect": eid, "output": output})
+            question={
+                "kind": kind,
+                "text": text,
+                "effects": [effect_dict(e) for e in outcome.effects],
+            },
+        )
+    if isinstance(outcome, outcomes.Busy):
+        raise ApiError(
+            409, f"effect: effect busy until {outcome.until}", effect=eid, until=str(outcome.until)
+        )
+    if isinstance(outcome, outcomes.Fenced):
+        raise ApiError(409, _moved_on(started), effect=eid)
+    return JsonResponse({"effect": eid, "output": outcome.response})
 
 
 def bound_to_step(call: Call, step: Step, tool: tools.Tool, args: dict[str, Any]) -> None:

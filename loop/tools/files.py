@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..effects import EffectNotSent, EffectRejected
+from ..outcomes import EffectNotSent, EffectRejected
 from . import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field
 

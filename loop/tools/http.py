@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from .. import plans
-from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
+from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
 from . import Arg, ProbeResult, ToolError, TransientError, fixed, receivers, storable, tool, wire
 from .shown import Field, json_text
 

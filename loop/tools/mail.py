@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
 from django.core.validators import validate_email
 
-from ..effects import EffectNotSent, EffectRejected
+from ..outcomes import EffectNotSent, EffectRejected
 from . import Arg, ProbeResult, fixed, tool
 from .shown import Field
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..effects import EffectRejected, EffectUncertainError
+from ..outcomes import EffectRejected, EffectUncertainError
 from . import Arg, ToolError, fixed, storable, tool
 from .files import confined
 from .shown import Field

@@ -41,7 +41,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils import timezone
 
-from ..effects import EffectNotSent, EffectRejected, EffectUncertainError
+from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
 from . import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field, json_text
 

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from loop.management.base import LoopCommand
-from loop.runner import Runner
+from loop.worker import Worker
 
 
 def label(value: str) -> str:
@@ -40,9 +40,9 @@ class Command(LoopCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        runner = Runner(
+        worker = Worker(
             label=options["worker_id"] or "", once=options["once"], batch=options["batch"]
         )
-        failed = runner.run()
+        failed = worker.run()
         if failed and options["once"]:
             raise CommandError(f"--once: the tick failed: {failed}")

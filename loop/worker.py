@@ -1,11 +1,14 @@
-"""The worker (DESIGN.md §4, §8, §11): registers after boot reconciliation, ticks, heartbeats
-and renews the live step's lease, parks on low disk, drains on the first signal.
+"""The worker process (DESIGN.md §4, §8, §11): registers after boot reconciliation, ticks,
+heartbeats and renews the live steps' leases, parks on low disk, drains on the first signal,
+and decides what goes into a batch (its batch policy).
 
 tick = claim + guard + start, for a batch of tasks  (one commit)
-     → judge each step (the side-effect steps' calls share the outbox's commits)
+     → perform each step through its judge (the side-effect steps' calls share the outbox's
+       commits)
      → the verdicts, each fenced on its lease epoch (one commit, which also starts next steps)
 
-The transactions of a step's life, and the batch's rules, are in `loop/tick.py`.
+The step's life itself — guard and start, perform, fenced commit — is `loop.step_life`, plain
+functions that the API's agents call too.
 """
 
 from __future__ import annotations
@@ -23,41 +26,36 @@ from django.db import DatabaseError, close_old_connections, connections, transac
 from django.db.models import Q
 from django.utils import timezone
 
-from . import effects, journal, lease, prune, schedules
+from . import effects, journal, lease, prune, schedules, step_life
 from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
-from .judges import tool as tool_judge
-from .models import (
-    EventKind,
-    Task,
-    Worker,
-    WorkerState,
-)
-from .tick import Begun, NeedsProbe, Started, StepLifecycle, named
+from .models import EventKind, Task, WorkerState
+from .models import Worker as WorkerRow
+from .step_life import ASKING_AT_ONCE, Begun, NeedsProbe, Room, Started
 
-log = logging.getLogger("loop.runner")
+log = logging.getLogger("loop.worker")
 
 
 class TickFailed(DatabaseError):
     """A write of the tick failed; the message says where (task and step) and why."""
 
 
-class Runner(StepLifecycle):
+class Worker:
+    """One `runloop` process."""
+
     def __init__(self, *, label: str = "", once: bool = False, batch: int | None = None) -> None:
         self.label = label
         self.once = once
         self.batch_size = 1 if once else (batch or settings.LOOP_BATCH)
         self.effects_size = min(self.batch_size, settings.LOOP_BATCH_EFFECTS)
-        self.worker: Worker | None = None
+        self.worker: WorkerRow | None = None
         self.stopping = False
         self.parked_reason = ""
         self.unrecorded_error = ""
         self.in_flight: list[Started] = []  # the batch's steps, whose leases the beat renews
         self.in_flight_since = 0.0
-        self.in_hand = ""  # the task and step being claimed or started, for error messages
         self._found_work = False
-        self._claimed_at = 0.0  # when this tick claimed its task: chaining stops after a while
         self._schedules_polled = -schedules.POLL_SECONDS
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
@@ -69,6 +67,15 @@ class Runner(StepLifecycle):
     def actor(self) -> str:
         assert self.worker is not None
         return f"worker:{self.worker.pk}"
+
+    @property
+    def worker_id(self) -> int:
+        assert self.worker is not None
+        return self.worker.pk
+
+    def holding(self, epoch: int) -> effects.Holder:
+        """This worker as the holder of a task's lease at `epoch`."""
+        return effects.Holder(self.worker_id, epoch, self.actor)
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -82,7 +89,7 @@ class Runner(StepLifecycle):
     def _register(self, **data: Any) -> None:
         """A new incarnation: its own Worker row, journaled."""
         with transaction.atomic():
-            self.worker = Worker.objects.create(
+            self.worker = WorkerRow.objects.create(
                 label=self.label,
                 host=host_name(),
                 pid=os.getpid(),
@@ -147,14 +154,12 @@ class Runner(StepLifecycle):
         if now - self._schedules_polled < schedules.POLL_SECONDS and not self.once:
             return False
         self._schedules_polled = now
-        self.in_hand = "firing due schedules"
         try:
-            return bool(schedules.fire_due(actor=self.actor))
+            with step_life.writing("firing due schedules"):
+                return bool(schedules.fire_due(actor=self.actor))
         except DatabaseError as exc:
             self._write_failed(exc, [])
             raise
-        finally:
-            self.in_hand = ""
 
     def _install_signals(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
@@ -172,7 +177,7 @@ class Runner(StepLifecycle):
             return
         try:
             with transaction.atomic():
-                Worker.objects.filter(pk=self.worker.pk).update(state=WorkerState.STOPPED)
+                WorkerRow.objects.filter(pk=self.worker.pk).update(state=WorkerState.STOPPED)
                 journal.record(EventKind.WORKER_STOPPED, actor=self.actor)
         except DatabaseError:
             log.exception("could not record that %s stopped", self.worker)
@@ -235,7 +240,7 @@ class Runner(StepLifecycle):
             if error:
                 fields.update(last_error=error, last_error_at=timezone.now())
             alive = (
-                Worker.objects.filter(pk=self.worker.pk)
+                WorkerRow.objects.filter(pk=self.worker.pk)
                 .exclude(state=WorkerState.DEAD)
                 .update(**fields)
             )
@@ -254,7 +259,7 @@ class Runner(StepLifecycle):
         except DatabaseError as exc:
             log.error("heartbeat write failed: %s", exc)
 
-    # ---- the tick ----------------------------------------------------------------------------
+    # ---- the tick and the batch policy -------------------------------------------------------
 
     def tick(self) -> bool:
         """One pass: claim a batch of tasks and start each one's first open step in one
@@ -268,8 +273,7 @@ class Runner(StepLifecycle):
             # A cheap read first, so an idle worker does not take the write lock every poll.
             if not self._found_work and not Task.objects.running().filter(lease_free_q()).exists():
                 return False
-            with transaction.atomic():
-                begun = self._claim_batch()
+            begun = self.claim_batch()
             self._found_work = bool(begun)
             if not begun:
                 return False
@@ -277,8 +281,8 @@ class Runner(StepLifecycle):
             while batch:
                 with self._lock:
                     self.in_flight, self.in_flight_since = batch, time.monotonic()
-                verdicts, waiting = self._judge(batch)
-                batch = waiting + self._probed(self._commit_batch(verdicts, waiting))
+                verdicts, waiting = self.perform(batch)
+                batch = waiting + self._probed(self.commit_batch(verdicts, waiting))
             return True
         except DatabaseError as exc:
             raise TickFailed(self._write_failed(exc, batch)) from exc
@@ -286,28 +290,40 @@ class Runner(StepLifecycle):
             log.warning("%s", exc)
             return True
         finally:
-            self.in_hand = ""
             with self._lock:
                 self.in_flight = []
 
-    def _probed(self, begun: list[Begun]) -> list[Started]:
-        """The batch's steps to run: any step that needs the world looked at first is probed
-        (after the commit that claimed it) and begun again."""
-        batch = []
-        for one in begun:
-            if isinstance(one, NeedsProbe):
-                self.in_hand = f"task {one.task_id}"
-                again = self._probe_then_begin(one)
-                if again is not None:
-                    batch.append(again)
-            else:
-                batch.append(one)
-        return batch
+    def claim_batch(self) -> list[Begun]:
+        """In one transaction: claim up to `batch_size` tasks and begin each. Claims go in
+        rounds of as many tasks as the batch has room for, and never more than it has room for
+        side-effect steps (a task begins one step at most). A claimed task whose step would ask
+        if cut, while the batch holds one such, is deferred; then claiming stops (the deferred
+        task's lease is free again: another round could take it back). Stops too when no more
+        tasks are free, or the batch is full. The planned calls' intents commit with it."""
+        batch: list[Begun] = []
+        with transaction.atomic(), journal.batched():
+            while True:
+                room = self.batch_size - len(batch)
+                room = min(room, self.effects_size - step_life.effect_steps(batch))
+                with step_life.writing("claiming a task"):
+                    claimed = lease.claim_many(self.worker_id, room) if room > 0 else []
+                if not claimed:
+                    break
+                begun = step_life.begin(
+                    [self.holding(epoch) for _, epoch in claimed],
+                    [task_id for task_id, _ in claimed],
+                    room=Room(asking=ASKING_AT_ONCE - step_life.asking_steps(batch)),
+                )
+                batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
+                if any(isinstance(b, step_life.Deferred) for b in begun):
+                    break
+            return step_life.plan_calls(batch)
 
-    def _judge(self, batch: list[Started]) -> tuple[list[tuple[Started, Verdict]], list[Started]]:
-        """The read-only steps through the judge in turn, then the side-effect steps together;
-        the verdicts, and the steps not yet run. After `LOOP_CHAIN_SECONDS` the verdicts so far
-        go to be committed before the rest run, so a slow step keeps no finished one waiting."""
+    def perform(self, batch: list[Started]) -> tuple[list[tuple[Started, Verdict]], list[Started]]:
+        """The read-only steps through their judges in turn, then the side-effect steps
+        together; the verdicts, and the steps not yet run. After `LOOP_CHAIN_SECONDS` the
+        verdicts so far go to be committed before the rest run, so a slow step keeps no
+        finished one waiting."""
         plain = [[s] for s in batch if not s.step.side_effect]
         effectful = [s for s in batch if s.step.side_effect]
         turns = plain + ([effectful] if effectful else [])  # the effects go in one turn, last
@@ -316,27 +332,35 @@ class Runner(StepLifecycle):
         for n, turn in enumerate(turns):
             if verdicts and time.monotonic() - began > settings.LOOP_CHAIN_SECONDS:
                 return verdicts, [started for later in turns[n:] for started in later]
-            self.in_hand = named(turn)
-            self._judged(verdicts, turn)
+            verdicts += step_life.perform(turn)
         return verdicts, []
 
-    def _judged(self, verdicts: list[tuple[Started, Verdict]], steps: list[Started]) -> None:
-        """These steps through the judge, their verdicts added to `verdicts`; a step whose
-        lease moved on is dropped (its new holder finishes it), the others go on."""
-        holders = [effects.Holder(self.worker_id, s.epoch, self.actor) for s in steps]
-        judged = tool_judge.run_all(
-            [(s.step, h, s.call) for s, h in zip(steps, holders, strict=True)]
+    def commit_batch(
+        self, verdicts: list[tuple[Started, Verdict]], waiting: list[Started]
+    ) -> list[Begun]:
+        """These verdicts in one commit, each `done` starting its task's next step in it
+        while chaining is allowed (not `once`, not stopping, the disk has room, within
+        LOOP_CHAIN_SECONDS of the claim) and the batch, with the steps still `waiting` to
+        run, has room for it."""
+        room = Room(
+            effects=self.effects_size - step_life.effect_steps(waiting),
+            asking=ASKING_AT_ONCE - step_life.asking_steps(waiting),
         )
-        for started, verdict in zip(steps, judged, strict=True):
-            if isinstance(verdict, lease.LeaseLost):
-                log.warning("%s", verdict)
-            else:
-                verdicts.append((started, verdict))
+        chain = not self.once and not self.stopping and not low_disk_reason()
+        return step_life.commit(verdicts, chain=chain, room=room)
 
-    @property
-    def worker_id(self) -> int:
-        assert self.worker is not None
-        return self.worker.pk
+    def _probed(self, begun: list[Begun]) -> list[Started]:
+        """The batch's steps to run: any step that needs the world looked at first is probed
+        (after the commit that claimed it) and begun again."""
+        batch = []
+        for one in begun:
+            if isinstance(one, NeedsProbe):
+                again = step_life.probe_then_begin(one)
+                if again is not None:
+                    batch.append(again)
+            else:
+                batch.append(one)
+        return batch
 
     def _space_ok(self) -> bool:
         reason = low_disk_reason()
@@ -352,7 +376,7 @@ class Runner(StepLifecycle):
             log.info("%s unparked", self.worker)
         try:
             with transaction.atomic():
-                Worker.objects.filter(pk=self.worker_id).update(
+                WorkerRow.objects.filter(pk=self.worker_id).update(
                     state=WorkerState.PARKED if reason else WorkerState.RUNNING,
                     parked_reason=reason,
                 )
@@ -361,7 +385,11 @@ class Runner(StepLifecycle):
             log.error("could not record parking of %s: %s", self.worker, exc)
 
     def _write_failed(self, exc: DatabaseError, batch: list[Started]) -> str:
-        where = self.in_hand or "claiming a task"
+        if isinstance(exc, step_life.WriteFailed):
+            where = exc.where
+            exc = exc.__cause__ if isinstance(exc.__cause__, DatabaseError) else exc
+        else:
+            where = "claiming a task"
         flying = [f"task {s.task_id} step '{s.step.key}'" for s in batch]
         if len(flying) > 1:
             where = f"{where} (in flight: {', '.join(flying)})"
