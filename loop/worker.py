@@ -301,23 +301,33 @@ class Worker:
         task's lease is free again: another round could take it back). Stops too when no more
         tasks are free, or the batch is full. The planned calls' intents commit with it."""
         batch: list[Begun] = []
-        with transaction.atomic(), journal.batched():
-            while True:
-                room = self.batch_size - len(batch)
-                room = min(room, self.effects_size - step_life.effect_steps(batch))
-                with step_life.writing("claiming a task"):
+        claiming = True  # else the batch's journal and commit are what fails
+        try:
+            with transaction.atomic(), journal.batched():
+                while True:
+                    room = self.batch_size - len(batch)
+                    room = min(room, self.effects_size - step_life.effect_steps(batch))
+                    claiming = True
                     claimed = lease.claim_many(self.worker_id, room) if room > 0 else []
-                if not claimed:
-                    break
-                begun = step_life.begin(
-                    [self.holding(epoch) for _, epoch in claimed],
-                    [task_id for task_id, _ in claimed],
-                    room=Room(asking=ASKING_AT_ONCE - step_life.asking_steps(batch)),
-                )
-                batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
-                if any(isinstance(b, step_life.Deferred) for b in begun):
-                    break
-            return step_life.plan_calls(batch)
+                    if not claimed:
+                        break
+                    claiming = False
+                    begun = step_life.begin(
+                        [self.holding(epoch) for _, epoch in claimed],
+                        [task_id for task_id, _ in claimed],
+                        room=Room(asking=ASKING_AT_ONCE - step_life.asking_steps(batch)),
+                    )
+                    batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
+                    if any(isinstance(b, step_life.Deferred) for b in begun):
+                        break
+                batch = step_life.plan_calls(batch)
+                claiming = False
+        except step_life.WriteFailed:
+            raise
+        except DatabaseError as exc:
+            where = "claiming a task" if claiming or not batch else step_life.named(batch)
+            raise step_life.WriteFailed(where, exc) from exc
+        return batch
 
     def perform(self, batch: list[Started]) -> tuple[list[tuple[Started, Verdict]], list[Started]]:
         """The read-only steps through their judges in turn, then the side-effect steps
