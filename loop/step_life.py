@@ -52,7 +52,7 @@ from . import (
     tools,
 )
 from .effects import Holder
-from .judges import Verdict, Work
+from .judges import Judge, Verdict, Work
 from .judges import of as judge_of
 from .models import Effect, EffectState, EventKind, Step, StepState, Task, TaskState
 from .outcomes import Fenced
@@ -65,7 +65,7 @@ log = logging.getLogger("loop.step_life")
 ASKING_AT_ONCE = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Started:
     """A step started under `holder`'s lease of its task, and its side-effect call if its
     judge knew it before the start (the call's intent written with the start)."""
@@ -140,27 +140,24 @@ def writing(where: str) -> Iterator[None]:
 
 
 def begin(
-    claimed: Sequence[Holder],
-    task_ids: Sequence[int],
+    claimed: Sequence[tuple[int, Holder]],
     *,
     room: Room = Room(),
     probed: bool = False,
     keeps_lease: bool = False,
 ) -> list[Begun | Deferred | None]:
-    """Inside the transaction that claimed (or fenced) these tasks, each under its holder (at
-    its claim's epoch): guard each task's first open step and start it, or record why not (a
+    """Inside the transaction that claimed (or fenced) these tasks (id, and holder at the
+    claim's epoch): guard each task's first open step and start it, or record why not (a
     question, the attempt cap, a wait) and let the lease go (`keeps_lease`: an agent keeps
     its task). The starts are written together, one statement for each kind of start; the
     tasks' rows and first open steps are read with a statement each. Once `room` is used up,
     a further side-effect step is left for a later tick (`DEFERRED`, its lease let go)."""
-    marks = ", ".join("%s" for _ in task_ids)
-    tasks = {task.pk: task for task in rows.load_all(Task, f"id IN ({marks})", list(task_ids))}
-    steps = open_steps.first_open(list(task_ids))
+    ids = [task_id for task_id, _ in claimed]
+    marks = ", ".join("%s" for _ in ids)
+    tasks = {task.pk: task for task in rows.load_all(Task, f"id IN ({marks})", ids)}
+    steps = open_steps.first_open(ids)
     now = time.monotonic()
-    held = [
-        Held(tasks[task_id], holder, steps.get(task_id), now)
-        for task_id, holder in zip(task_ids, claimed, strict=True)
-    ]
+    held = [Held(tasks[task_id], holder, steps.get(task_id), now) for task_id, holder in claimed]
     with writing(_held_names(held)):
         return _begin_held(held, room=room, probed=probed, keeps_lease=keeps_lease)
 
@@ -169,7 +166,7 @@ def begin_one(
     task_id: int, holder: Holder, *, probed: bool = False, keeps_lease: bool = False
 ) -> Begun | None:
     """`begin` of one task (the API's `next`, a test's claim)."""
-    [begun] = begin([holder], [task_id], probed=probed, keeps_lease=keeps_lease)
+    [begun] = begin([(task_id, holder)], probed=probed, keeps_lease=keeps_lease)
     assert not isinstance(begun, Deferred)
     return begun
 
@@ -416,20 +413,17 @@ def perform(turn: Sequence[Started]) -> list[tuple[Started, Verdict]]:
     """These started steps through their judges (inside no transaction: the outbox commits
     on its own), each judge's steps together; their verdicts. A step whose lease moved on is
     dropped (its new holder finishes it)."""
-    verdicts: dict[int, Verdict | Fenced] = {}
-    by_judge: dict[int, list[int]] = {}
-    judges = {}
-    for n, started in enumerate(turn):
-        judge = judge_of(started.step)
-        judges[id(judge)] = judge
-        by_judge.setdefault(id(judge), []).append(n)
+    verdicts: dict[Started, Verdict | Fenced] = {}
+    by_judge: dict[Judge, list[Started]] = {}
+    for started in turn:
+        by_judge.setdefault(judge_of(started.step), []).append(started)
     with writing(named(turn)):
-        for key, members in by_judge.items():
-            work = [Work(turn[n].step, turn[n].holder, turn[n].call) for n in members]
-            verdicts.update(zip(members, judges[key].perform(work), strict=True))
+        for judge, mine in by_judge.items():
+            work = [Work(s.step, s.holder, s.call) for s in mine]
+            verdicts.update(zip(mine, judge.perform(work), strict=True))
     judged = []
-    for n, started in enumerate(turn):
-        verdict = verdicts[n]
+    for started in turn:
+        verdict = verdicts[started]
         if isinstance(verdict, Fenced):
             log.warning("task %s: %s", started.task_id, verdict.reason)
         else:

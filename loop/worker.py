@@ -313,8 +313,7 @@ class Worker:
                         break
                     claiming = False
                     begun = step_life.begin(
-                        [self.holding(epoch) for _, epoch in claimed],
-                        [task_id for task_id, _ in claimed],
+                        [(task_id, self.holding(epoch)) for task_id, epoch in claimed],
                         room=Room(asking=ASKING_AT_ONCE - step_life.asking_steps(batch)),
                     )
                     batch += [b for b in begun if isinstance(b, Started | NeedsProbe)]
