@@ -390,6 +390,7 @@ def edit_steps(
             fixed = calls.why_fixed(steps[pk])
             if fixed:
                 raise Refused(fixed)
+        checked = _checked_edits(task_id, steps, {pk: edits[pk] for pk in new_calls}, moving)
         if moving:
             top = Step.objects.filter(task_id=task_id).aggregate(top=Max("position"))["top"]
             for offset, pk in enumerate(moving):  # out of the way first: (task, position) is unique
@@ -398,12 +399,12 @@ def edit_steps(
                 )
             for pk, position in moving.items():
                 Step.objects.filter(pk=pk, state=StepState.PENDING).update(position=position)
-        for pk, fields in edits.items():
+        for pk in edits:
             step = steps[pk]
-            changes = {k: v for k, v in fields.items() if k != "position"}
             if pk not in new_calls:
                 skipped.append(step)
                 continue
+            changes = checked[pk]
             cleared = new_calls[pk] and bool(step.authorized_by)
             writes = {
                 **changes,
@@ -419,3 +420,42 @@ def edit_steps(
             if cleared:
                 calls.journal_cleared(step, actor=actor, why=f"its call was edited by {actor}")
     return edited, skipped
+
+
+def _checked_edits(
+    task_id: int,
+    steps: dict[int, Step],
+    edits: dict[int, dict[str, Any]],
+    moving: dict[int, int],
+) -> dict[int, dict[str, Any]]:
+    """Each edited step's plan fields as they will be written, checked whole by the plans'
+    rule (`plans.check_step`, its references against the steps before it in the new order):
+    PlanError naming every problem, or the changed fields as the plan would store them."""
+    order: dict[str, int] = {}
+    if any("args" in f or "position" in f for f in edits.values()):
+        order = {
+            key: moving.get(pk, position)
+            for pk, key, position in Step.objects.filter(task_id=task_id).values_list(
+                "pk", "key", "position"
+            )
+        }
+    errors: list[str] = []
+    checked: dict[int, dict[str, Any]] = {}
+    for pk, fields in edits.items():
+        step = steps[pk]
+        changes = {k: v for k, v in fields.items() if k != "position"}
+        at = moving.get(pk, step.position)
+        found = plans.check_step(
+            {"key": step.key, **{name: getattr(step, name) for name in PLAN_FIELDS}, **changes},
+            where=f"step '{step.key}'",
+            earlier={key for key, position in order.items() if position < at} if order else None,
+        )
+        errors.extend(found.errors)
+        if found.spec is not None:
+            written = {name: getattr(found.spec, name) for name in changes}
+            if found.spec.confirm_before != step.confirm_before:
+                written["confirm_before"] = found.spec.confirm_before  # only a side effect asks
+            checked[pk] = written
+    if errors:
+        raise plans.PlanError(errors)
+    return checked

@@ -14,7 +14,8 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -413,72 +414,117 @@ def validate_steps(
     seen = set(earlier)
     specs = []
     for index, raw in enumerate(raw_steps):
-        spec = _validate_step(index, raw, seen, collect)
-        if spec is not None:
-            specs.append(spec)
+        if not isinstance(raw, dict):
+            collect.append(f"steps[{index}]: must be an object")
+            continue
+        found = check_step(raw, where=f"steps[{index}]", earlier=seen, screened=True)
+        collect.extend(found.errors)
+        key = raw.get("key")
+        if isinstance(key, str) and KEY_RE.match(key):
+            if key in seen:
+                collect.append(f"step '{key}': key is used twice")
+            seen.add(key)
+        if found.spec is not None:
+            specs.append(found.spec)
     if errors is None and collect:
         raise PlanError(collect)
     return specs
 
 
-def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> StepSpec | None:
-    where = f"steps[{index}]"
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: must be an object")
-        return None
-    key = raw.get("key")
+@dataclass(frozen=True)
+class StepCheck:
+    """What `check_step` found: the step as it will be stored (None if anything is wrong),
+    and each problem as (the field it is about, the message naming the step and the field)."""
+
+    spec: StepSpec | None
+    problems: list[tuple[str, str]]
+
+    @property
+    def errors(self) -> list[str]:
+        return [message for _, message in self.problems]
+
+
+def check_step(
+    fields: Mapping[str, Any],
+    *,
+    where: str,
+    earlier: AbstractSet[str] | None = None,
+    screened: bool = False,
+) -> StepCheck:
+    """The one check of a step's plan fields, for every door that writes them (a plan, added
+    steps, the admin's edits through `actions.edit_steps`): `fields` are the step's fields as
+    given (key, title, tool, args, side_effect, confirm_before, max_attempts); a field left
+    out takes its default. Errors name the step by its key, or by `where` while the key is not
+    valid. `${key}` references in args must name a key in `earlier` (not checked when None);
+    `screened` says the values were already checked as stored JSON (`check_value`).
+
+    The stored step asks first only if it has side effects: `confirm_before` on a read-only
+    step (as the setting LOOP_CONFIRM_SIDE_EFFECTS gives every step) means nothing."""
+    problems: list[tuple[str, str]] = []
+    key = fields.get("key")
     if isinstance(key, str) and KEY_RE.match(key):
         where = f"step '{key}'"
-        if key in seen:
-            errors.append(f"{where}: key is used twice")
-        seen.add(key)
     else:
-        errors.append(f"{where}: 'key' is required: letters, digits, '_', '-', '.' (max 100)")
-    before = len(errors)
-    for name in raw:
-        if name not in STEP_FIELDS:
-            errors.append(f"{where}: unknown field '{name}'")
-    title = raw.get("title", "")
+        problems.append(
+            ("key", f"{where}: 'key' is required: letters, digits, '_', '-', '.' (max 100)")
+        )
+    if not screened:
+        for name, value in fields.items():
+            problem = check_value({name: value}, name)
+            if problem:  # NaN, a NUL, too deep or too large: nothing the database should get
+                problems.append((name, f"{where}: {problem}"))
+        if problems:
+            return StepCheck(None, problems)
+    problems.extend(
+        (name, f"{where}: unknown field '{name}'") for name in fields if name not in STEP_FIELDS
+    )
+    title = fields.get("title", "")
     if not isinstance(title, str) or len(title) > 200:
-        errors.append(f"{where}: 'title' must be a string of at most 200 characters")
-    tool_name = raw.get("tool")
+        problems.append(("title", f"{where}: 'title' must be a string of at most 200 characters"))
+    tool_name = fields.get("tool")
     tool = None
     if not isinstance(tool_name, str):
-        errors.append(f"{where}: 'tool' is required")
+        problems.append(("tool", f"{where}: 'tool' is required"))
     else:
         try:
             tool = tools.get(tool_name)
         except tools.ToolError:
-            errors.append(
-                f"{where}: unknown tool '{tool_name}' (known: {', '.join(tools.names())})"
-            )
-    args = raw.get("args", {})
+            known = ", ".join(tools.names())
+            problems.append(("tool", f"{where}: unknown tool '{tool_name}' (known: {known})"))
+    args = fields.get("args", {})
     if tool is not None:
-        errors.extend(tool.check_args(args, where))
-        reason = tool.disabled()
-        if reason:
-            errors.append(f"{where}: tool '{tool.name}' is off: {reason}")
-    for ref in references(args):
-        if ref not in seen or ref == key:
-            errors.append(f"{where}: args refer to '{ref}', which is not an earlier step")
-    side_effect = raw.get("side_effect", tool.side_effect if tool else False)
+        problems.extend(_call_problems(tool, args, where))
+    if earlier is not None:
+        for ref in sorted(references(args)):
+            if ref not in earlier or ref == key:
+                problems.append(
+                    ("args", f"{where}: args refer to '{ref}', which is not an earlier step")
+                )
+    side_effect = fields.get("side_effect", tool.side_effect if tool else False)
     if not isinstance(side_effect, bool):
-        errors.append(f"{where}: 'side_effect' must be true or false")
+        problems.append(("side_effect", f"{where}: 'side_effect' must be true or false"))
     elif tool is not None and tool.side_effect and not side_effect:
-        errors.append(f"{where}: tool '{tool.name}' has side effects; 'side_effect' can't be false")
-    confirm_before = raw.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
+        problems.append(
+            (
+                "side_effect",
+                f"{where}: tool '{tool.name}' has side effects; 'side_effect' can't be false",
+            )
+        )
+    confirm_before = fields.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
     if not isinstance(confirm_before, bool):
-        errors.append(f"{where}: 'confirm_before' must be true or false")
-    max_attempts = raw.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
+        problems.append(("confirm_before", f"{where}: 'confirm_before' must be true or false"))
+    max_attempts = fields.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
     if (
         isinstance(max_attempts, bool)
         or not isinstance(max_attempts, int)
         or not 1 <= max_attempts <= 100
     ):
-        errors.append(f"{where}: 'max_attempts' must be a whole number from 1 to 100")
-    if len(errors) > before or not isinstance(key, str) or tool is None:
-        return None
-    return StepSpec(
+        problems.append(
+            ("max_attempts", f"{where}: 'max_attempts' must be a whole number from 1 to 100")
+        )
+    if problems or not isinstance(key, str) or tool is None:
+        return StepCheck(None, problems)
+    spec = StepSpec(
         key=key,
         title=title or key,
         tool=tool.name,
@@ -487,6 +533,22 @@ def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> S
         confirm_before=bool(confirm_before) and bool(side_effect),
         max_attempts=int(max_attempts),
     )
+    return StepCheck(spec, problems)
+
+
+def check_call(tool: tools.Tool, args: Any, *, where: str) -> list[str]:
+    """What is wrong with calling `tool` with `args`: arguments that do not fit it, or the
+    tool switched off. `check_step` asks this when a step is written; the judge asks again of
+    the resolved args when the step runs, and the API of an agent's call (`/api/effects`)."""
+    return [message for _, message in _call_problems(tool, args, where)]
+
+
+def _call_problems(tool: tools.Tool, args: Any, where: str) -> list[tuple[str, str]]:
+    found = [("args", problem) for problem in tool.check_args(args, where)]
+    reason = tool.disabled()
+    if reason:
+        found.append(("tool", f"{where}: tool '{tool.name}' is off: {reason}"))
+    return found
 
 
 def references(value: Any) -> set[str]:
