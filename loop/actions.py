@@ -49,7 +49,7 @@ class Refused(Exception):
 def follow(task: Task, *, actor: str) -> None:
     """Move the task to match its steps: blocked while its current step is blocked, back to
     running when it is not, done or failed when nothing runnable remains. In a transaction."""
-    if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED, TaskState.PLANNING):
+    if task.ended or task.state == TaskState.PLANNING:
         return
     # Through the partial indexes step_open and step_failed: never the task's done steps.
     current = open_steps.first_open([task.pk]).get(task.pk)
@@ -160,7 +160,7 @@ def add_steps(
     require(user, "add steps", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
-        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+        if task.ended:
             raise Refused(f"can't add steps when the task is {task.state}")
         # Only what the checks need (a big plan's outputs and args stay on disk).
         existing = list(task.steps.order_by("position").values_list("key", "position", "state"))
@@ -238,7 +238,7 @@ def supersede(
     require(user, "supersede", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
-        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+        if task.ended:
             raise Refused(f"can't supersede when the task is {task.state}")
         successor = _create(plan, actor, origin=origin)
         _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
@@ -275,7 +275,7 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
             raise Refused(
                 f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
             )
-        if decision in RUN_AGAIN and task.state in ENDED:
+        if decision in RUN_AGAIN and task.ended:
             # It would put the step back to pending in a task that never runs again: Dad
             # would be told "do it" and nothing would happen.
             raise Refused(
@@ -327,9 +327,8 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
     return step
 
 
-# Decisions that ask the loop to run the step again, and the task states where nothing runs.
+# Decisions that ask the loop to run the step again.
 RUN_AGAIN = ("allow", "rerun")
-ENDED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 
 
 def _closing(step: Step) -> list[str]:

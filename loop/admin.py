@@ -29,14 +29,14 @@ from . import actions, calls, plans
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
 from .pages import context
 from .pages.login import AdminLoginForm
+from .states import STEP
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
 admin.site.login_form = AdminLoginForm  # the admin's login is throttled like ours
 WHY_READ_ONLY = {
     StepState.RUNNING: "running: the loop is working on it",
     StepState.BLOCKED: "blocked: it waits for an answer to its question",
-    StepState.DONE: "done: it never runs again",
-    StepState.FAILED: "failed: it never runs again",
+    **{state: f"{state}: it never runs again" for state in STEP.terminal},
 }
 
 

@@ -14,10 +14,17 @@ from django.db.models import Max
 from django.utils import timezone
 
 from .. import health, lease, open_steps, questions, timeline
-from ..models import Effect, Event, EventKind, QuestionKind, Step, StepState, Task, TaskState
+from ..models import (
+    ENDED_TASK_STATES,
+    Effect,
+    Event,
+    EventKind,
+    QuestionKind,
+    Step,
+    StepState,
+    Task,
+)
 
-ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
-FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 JOURNAL_ROWS = 200
 STEP_WINDOW = 50  # steps a task page shows at once
 RECENT = 8
@@ -42,7 +49,7 @@ class Question:
     def ended(self) -> bool:
         """Its task ended (superseded): the step never runs again, so only the answers that
         close the question are offered (actions.unblock refuses the others)."""
-        return self.step.task.state in FINISHED
+        return self.step.task.ended
 
 
 @dataclass
@@ -125,7 +132,7 @@ def needs_you() -> list[Question]:
 def progress() -> list[Progress]:
     """Each active task's steps done of total and its current step: a few statements for all
     of them, through indexes (open_steps), never a read of their plans."""
-    tasks = list(Task.objects.filter(state__in=ACTIVE).order_by("-id"))
+    tasks = list(Task.objects.open().order_by("-id"))
     ids = [t.pk for t in tasks]
     counts = open_steps.counts(ids)
     current = open_steps.first_open(ids)
@@ -134,7 +141,9 @@ def progress() -> list[Progress]:
 
 
 def recent() -> list[Task]:
-    return list(Task.objects.filter(state__in=FINISHED).order_by("-updated_at", "-id")[:RECENT])
+    return list(
+        Task.objects.filter(state__in=ENDED_TASK_STATES).order_by("-updated_at", "-id")[:RECENT]
+    )
 
 
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
