@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, journal, open_steps, plans, rows
+from . import calls, journal, open_steps, plans, questions, rows
 from .models import (
     EffectState,
     EventKind,
@@ -283,7 +283,9 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
                 f"can't be done; answer {' or '.join(repr(d) for d in _closing(step))}"
             )
         journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
-        unsettled = list(step.effects.filter(state=EffectState.UNCERTAIN))
+        # An answer to "Did this happen?" settles exactly the effects its question names.
+        asked = DECISIONS[decision] == QuestionKind.DID_IT_HAPPEN
+        unsettled = questions.named(step, step.effects.order_by("created_at")) if asked else []
         if decision in ("deny", "fail"):
             cancel_unsettled(step, actor=actor)
             reason = "denied" if decision == "deny" else "failed"

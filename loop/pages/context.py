@@ -19,7 +19,6 @@ from ..models import (
     Effect,
     Event,
     EventKind,
-    QuestionKind,
     Step,
     StepState,
     Task,
@@ -28,28 +27,6 @@ from ..models import (
 JOURNAL_ROWS = 200
 STEP_WINDOW = 50  # steps a task page shows at once
 RECENT = 8
-
-
-@dataclass
-class Question:
-    """A blocked step's question as Dad sees it: the words, the calls it names (each in full),
-    the buttons."""
-
-    step: Step
-    kind: str
-    heading: str
-    lines: list[str]
-    requests: list[questions.Request]
-
-    @property
-    def may_i(self) -> bool:
-        return self.kind == QuestionKind.MAY_I
-
-    @property
-    def ended(self) -> bool:
-        """Its task ended (superseded): the step never runs again, so only the answers that
-        close the question are offered (actions.unblock refuses the others)."""
-        return self.step.task.ended
 
 
 @dataclass
@@ -69,7 +46,7 @@ class Progress:
 class StepView:
     step: Step
     effects: list[Effect]
-    question: Question | None
+    question: questions.Question | None
     output: str
     current: bool = False
     # Each effect with its receipt and its request in full.
@@ -107,15 +84,6 @@ def waiting_count() -> int:
     return Step.objects.blocked().count()
 
 
-def question_of(step: Step, effects: list[Effect]) -> Question | None:
-    if step.state != StepState.BLOCKED or not step.question_kind:
-        return None
-    kind = QuestionKind(step.question_kind)
-    shown = questions.requests(step, effects)
-    lines = questions.notes(step, calls_shown=bool(shown))
-    return Question(step, kind, kind.label, lines, shown)
-
-
 def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
     found: dict[int, list[Effect]] = {sid: [] for sid in step_ids}
     for effect in Effect.objects.filter(step_id__in=step_ids).order_by("created_at", "id"):
@@ -123,10 +91,10 @@ def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
     return found
 
 
-def needs_you() -> list[Question]:
+def needs_you() -> list[questions.Question]:
     steps = list(Step.objects.blocked().select_related("task").order_by("task_id", "position"))
     effects = _effects_by_step([s.pk for s in steps])
-    return [q for s in steps if (q := question_of(s, effects[s.pk])) is not None]
+    return [q for s in steps if (q := questions.question(s, effects[s.pk])) is not None]
 
 
 def progress() -> list[Progress]:
@@ -147,11 +115,11 @@ def recent() -> list[Task]:
 
 
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
-    questions = needs_you()
+    asked = needs_you()
     context: dict[str, Any] = {
         "can_act": can_act,
-        "questions": questions,
-        "waiting": len(questions),
+        "questions": asked,
+        "waiting": len(asked),
         "running": progress(),
         "recent": recent(),
     }
@@ -164,7 +132,7 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
     return StepView(
         step=step,
         effects=effects,
-        question=question_of(step, effects),
+        question=questions.question(step, effects),
         output=pretty(step.output),
         current=current,
         receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],
