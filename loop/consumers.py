@@ -15,6 +15,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from . import live, permissions
 from .models import Task
+from .pages import context
 
 UNAUTHENTICATED = 4401
 FORBIDDEN = 4403  # reserved for topics a logged-in user may not read (none yet); live.js knows it
@@ -46,7 +47,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         ):
             await self.refuse(NOT_FOUND)
             return
-        self.seen = live.SeenIds(await database_sync_to_async(live.trailing_window)())
+        self.seen = live.SeenIds(await database_sync_to_async(context.trailing_window)())
         self.seen.add(int(i) for i in seen_raw)
         self.shown: dict[str, str] = {}  # DOM id -> the HTML this connection last sent for it
         await self.accept()

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
@@ -68,11 +69,15 @@ def last_event_id() -> int:
     return Event.objects.aggregate(top=Max("id"))["top"] or 0
 
 
+def trailing_window() -> int:
+    """How many event ids below the highest seen may still commit (0: ids commit in order):
+    what a page and the live feed (`loop/live.py`) both count as possibly late."""
+    return 0 if connection.vendor == "sqlite" else 256
+
+
 def seen_near(last: int) -> str:
     """The ids a page rendered now already reflects within the window where ids may still
     commit late (PostgreSQL), so its first live connection is not sent them again."""
-    from ..live import trailing_window
-
     window = trailing_window()
     if not window:
         return ""
