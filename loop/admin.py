@@ -27,9 +27,9 @@ from django.utils.html import format_html, format_html_join
 
 from . import actions, calls, plans
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
-from .pages import context
-from .pages.login import AdminLoginForm
 from .states import STEP
+from .web.pages import context
+from .web.pages.login import AdminLoginForm
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
 admin.site.login_form = AdminLoginForm  # the admin's login is throttled like ours

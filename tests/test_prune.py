@@ -16,10 +16,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from loop import actions, live, prune
+from loop import actions, prune
 from loop.models import AgentToken, Effect, Event, Receipt, Step, Task
 from loop.permissions import SYSTEM
 from loop.runner import Runner
+from loop.web import live
 
 from . import test_browser as web
 from .conftest import make_task, run_until_idle, step, wait_for

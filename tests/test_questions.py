@@ -8,8 +8,8 @@ from django.core.management import call_command
 
 from loop import questions
 from loop.models import Effect, Step
-from loop.pages import context
 from loop.serialize import question_dict
+from loop.web.pages import context
 
 from .conftest import make_task, step
 

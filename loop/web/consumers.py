@@ -13,8 +13,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import live, permissions
-from .models import Task
+from .. import permissions
+from ..models import Task
+from . import live
 from .pages import context
 
 UNAUTHENTICATED = 4401

@@ -36,11 +36,12 @@ from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.template.loader import render_to_string
 
-from . import journal, open_steps, timeline
-from .models import Event, EventKind, Task
+from .. import journal, open_steps
+from ..models import Event, EventKind, Task
+from . import timeline
 from .pages import context, talk
 
-log = logging.getLogger("loop.live")
+log = logging.getLogger("loop.web.live")
 
 POLL_SECONDS = settings.LOOP_LIVE_POLL_MS / 1000
 BANNER_SECONDS = 5.0

@@ -1,5 +1,5 @@
 """What the dashboard's templates show, read in one place so that a page and the live push
-render the same partial from the same context (`loop/live.py` calls these too).
+render the same partial from the same context (`loop/web/live.py` calls these too).
 
 Read-only: nothing here writes.
 """
@@ -14,8 +14,8 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import health, lease, open_steps, questions, timeline
-from ..models import (
+from ... import health, lease, open_steps, questions
+from ...models import (
     ENDED_TASK_STATES,
     Effect,
     Event,
@@ -24,6 +24,7 @@ from ..models import (
     StepState,
     Task,
 )
+from .. import timeline
 
 JOURNAL_ROWS = 200
 STEP_WINDOW = 50  # steps a task page shows at once
@@ -71,7 +72,7 @@ def last_event_id() -> int:
 
 def trailing_window() -> int:
     """How many event ids below the highest seen may still commit (0: ids commit in order):
-    what a page and the live feed (`loop/live.py`) both count as possibly late."""
+    what a page and the live feed (`loop/web/live.py`) both count as possibly late."""
     return 0 if connection.vendor == "sqlite" else 256
 
 
