@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, journal, open_steps, plans, rows
+from . import calls, journal, open_steps, plans, questions, rows
 from .models import (
     EffectState,
     EventKind,
@@ -49,7 +49,7 @@ class Refused(Exception):
 def follow(task: Task, *, actor: str) -> None:
     """Move the task to match its steps: blocked while its current step is blocked, back to
     running when it is not, done or failed when nothing runnable remains. In a transaction."""
-    if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED, TaskState.PLANNING):
+    if task.ended or task.state == TaskState.PLANNING:
         return
     # Through the partial indexes step_open and step_failed: never the task's done steps.
     current = open_steps.first_open([task.pk]).get(task.pk)
@@ -160,7 +160,7 @@ def add_steps(
     require(user, "add steps", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
-        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+        if task.ended:
             raise Refused(f"can't add steps when the task is {task.state}")
         # Only what the checks need (a big plan's outputs and args stay on disk).
         existing = list(task.steps.order_by("position").values_list("key", "position", "state"))
@@ -238,7 +238,7 @@ def supersede(
     require(user, "supersede", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
-        if task.state in (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED):
+        if task.ended:
             raise Refused(f"can't supersede when the task is {task.state}")
         successor = _create(plan, actor, origin=origin)
         _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
@@ -275,7 +275,7 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
             raise Refused(
                 f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
             )
-        if decision in RUN_AGAIN and task.state in ENDED:
+        if decision in RUN_AGAIN and task.ended:
             # It would put the step back to pending in a task that never runs again: Dad
             # would be told "do it" and nothing would happen.
             raise Refused(
@@ -283,7 +283,9 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
                 f"can't be done; answer {' or '.join(repr(d) for d in _closing(step))}"
             )
         journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
-        unsettled = list(step.effects.filter(state=EffectState.UNCERTAIN))
+        # An answer to "Did this happen?" settles exactly the effects its question names.
+        asked = DECISIONS[decision] == QuestionKind.DID_IT_HAPPEN
+        unsettled = questions.named(step, step.effects.order_by("created_at")) if asked else []
         if decision in ("deny", "fail"):
             cancel_unsettled(step, actor=actor)
             reason = "denied" if decision == "deny" else "failed"
@@ -327,9 +329,8 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
     return step
 
 
-# Decisions that ask the loop to run the step again, and the task states where nothing runs.
+# Decisions that ask the loop to run the step again.
 RUN_AGAIN = ("allow", "rerun")
-ENDED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 
 
 def _closing(step: Step) -> list[str]:
@@ -390,6 +391,7 @@ def edit_steps(
             fixed = calls.why_fixed(steps[pk])
             if fixed:
                 raise Refused(fixed)
+        checked = _checked_edits(task_id, steps, {pk: edits[pk] for pk in new_calls}, moving)
         if moving:
             top = Step.objects.filter(task_id=task_id).aggregate(top=Max("position"))["top"]
             for offset, pk in enumerate(moving):  # out of the way first: (task, position) is unique
@@ -398,12 +400,12 @@ def edit_steps(
                 )
             for pk, position in moving.items():
                 Step.objects.filter(pk=pk, state=StepState.PENDING).update(position=position)
-        for pk, fields in edits.items():
+        for pk in edits:
             step = steps[pk]
-            changes = {k: v for k, v in fields.items() if k != "position"}
             if pk not in new_calls:
                 skipped.append(step)
                 continue
+            changes = checked[pk]
             cleared = new_calls[pk] and bool(step.authorized_by)
             writes = {
                 **changes,
@@ -419,3 +421,42 @@ def edit_steps(
             if cleared:
                 calls.journal_cleared(step, actor=actor, why=f"its call was edited by {actor}")
     return edited, skipped
+
+
+def _checked_edits(
+    task_id: int,
+    steps: dict[int, Step],
+    edits: dict[int, dict[str, Any]],
+    moving: dict[int, int],
+) -> dict[int, dict[str, Any]]:
+    """Each edited step's plan fields as they will be written, checked whole by the plans'
+    rule (`plans.check_step`, its references against the steps before it in the new order):
+    PlanError naming every problem, or the changed fields as the plan would store them."""
+    order: dict[str, int] = {}
+    if any("args" in f or "position" in f for f in edits.values()):
+        order = {
+            key: moving.get(pk, position)
+            for pk, key, position in Step.objects.filter(task_id=task_id).values_list(
+                "pk", "key", "position"
+            )
+        }
+    errors: list[str] = []
+    checked: dict[int, dict[str, Any]] = {}
+    for pk, fields in edits.items():
+        step = steps[pk]
+        changes = {k: v for k, v in fields.items() if k != "position"}
+        at = moving.get(pk, step.position)
+        found = plans.check_step(
+            {"key": step.key, **{name: getattr(step, name) for name in PLAN_FIELDS}, **changes},
+            where=f"step '{step.key}'",
+            earlier={key for key, position in order.items() if position < at} if order else None,
+        )
+        errors.extend(found.errors)
+        if found.spec is not None:
+            written = {name: getattr(found.spec, name) for name in changes}
+            if found.spec.confirm_before != step.confirm_before:
+                written["confirm_before"] = found.spec.confirm_before  # only a side effect asks
+            checked[pk] = written
+    if errors:
+        raise plans.PlanError(errors)
+    return checked

@@ -25,18 +25,18 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from . import actions, calls, plans, tools
+from . import actions, calls, plans
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
-from .pages import context
-from .pages.login import AdminLoginForm
+from .states import STEP
+from .web.pages import context
+from .web.pages.login import AdminLoginForm
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
 admin.site.login_form = AdminLoginForm  # the admin's login is throttled like ours
 WHY_READ_ONLY = {
     StepState.RUNNING: "running: the loop is working on it",
     StepState.BLOCKED: "blocked: it waits for an answer to its question",
-    StepState.DONE: "done: it never runs again",
-    StepState.FAILED: "failed: it never runs again",
+    **{state: f"{state}: it never runs again" for state in STEP.terminal},
 }
 
 
@@ -74,30 +74,19 @@ class StepForm(forms.ModelForm):
         return not self.fields["position"].disabled
 
     def clean(self) -> dict[str, Any]:
+        """The step as edited, checked by the plans' own rule (`plans.check_step`), each error
+        beside its field; `actions.edit_steps` checks it again when it writes."""
         data = super().clean() or {}
         if not self.editable or not self.has_changed():
             return data
-        try:
-            tool = tools.get(data.get("tool") or "")
-        except tools.ToolError:
-            self.add_error(
-                "tool", f"unknown tool '{data.get('tool')}' (known: {', '.join(tools.names())})"
-            )
-            return data
-        where = f"step '{self.instance.key}'"
-        problem = plans.check_value({"args": data.get("args")}, "plan")
-        if problem:  # NaN, a NUL, too deep or too large: nothing the database should get
-            self.add_error("args", f"{where}: {problem}")
-            return data
-        for error in tool.check_args(data.get("args"), where):
-            self.add_error("args", error)
-        if tool.side_effect and not data.get("side_effect"):
-            self.add_error("side_effect", f"{where}: tool '{tool.name}' has side effects")
-        if data.get("confirm_before") and not (data.get("side_effect") or tool.side_effect):
-            self.add_error("confirm_before", f"{where}: only a side-effect step can ask first")
-        max_attempts = data.get("max_attempts")
-        if max_attempts is not None and not 1 <= max_attempts <= 100:
-            self.add_error("max_attempts", f"{where}: must be a whole number from 1 to 100")
+        fields = {
+            "key": self.instance.key,
+            **{n: data[n] for n in actions.PLAN_FIELDS if n in data},
+        }
+        if len(fields) <= len(actions.PLAN_FIELDS):
+            return data  # a field that did not read already says why
+        for name, error in plans.check_step(fields, where=f"step '{self.instance.key}'").problems:
+            self.add_error(name if name in self.fields else None, error)
         return data
 
     def validate_unique(self) -> None:
@@ -258,7 +247,7 @@ class TaskAdmin(admin.ModelAdmin):
                 actor=f"admin:{request.user.get_username()}",
                 user=request.user,
             )
-        except (actions.Refused, PermissionDenied) as exc:
+        except (actions.Refused, plans.PlanError, PermissionDenied) as exc:
             self.message_user(request, f"Nothing was changed: {exc}", messages.ERROR)
             return
         formset.changed_objects = [(s, sorted(edits[s.pk])) for s in edited]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest
 
@@ -66,13 +67,19 @@ class ScheduleAdmin(admin.ModelAdmin):
             created = schedules.create(spec=spec, actor=actor, user=request.user, name=data["name"])
             obj.pk = created.pk
             if not data["enabled"]:
-                schedules.edit(schedule_id=created.pk, changes={"enabled": False}, actor=actor)
+                schedules.edit(
+                    schedule_id=created.pk,
+                    changes={"enabled": False},
+                    actor=actor,
+                    user=request.user,
+                )
             return
         changes = {name: data[name] for name in form.changed_data if name in schedules.EDITABLE}
         try:
-            schedules.edit(schedule_id=obj.pk, changes=changes, actor=actor)
-        except actions.Refused as exc:
-            raise forms.ValidationError(str(exc)) from None
+            schedules.edit(schedule_id=obj.pk, changes=changes, actor=actor, user=request.user)
+        except (actions.Refused, plans.PlanError, PermissionDenied) as exc:
+            # The refusal's event commits with the admin's transaction, which goes on.
+            self.message_user(request, f"Nothing was changed: {exc}", messages.ERROR)
 
 
 @admin.register(Message)

@@ -12,7 +12,7 @@ class LoopConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import tools
-        from .pages import login
+        from .web.pages import login
 
         tools.load_builtin()
         autodiscover_modules("tools")

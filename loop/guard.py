@@ -10,6 +10,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .states import EFFECT
+
 
 class Decision(enum.Enum):
     START = "start"
@@ -85,7 +87,7 @@ def decide(
         return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I
     if not cut or step.repeatable:
         return Decision.START  # after a recorded retry the effects' states decide
-    if guarded and all(e.state in ("succeeded", "failed", "cancelled") for e in guarded):
+    if guarded and all(e.state in EFFECT.terminal for e in guarded):
         return Decision.START  # finish from the receipts; nothing is performed again
     # Provably unsent: no guarded effect beyond `pending`.
     if resume_unsent == "always":

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from .states import STEP, TASK
+
 
 class TaskState(models.TextChoices):
     PLANNING = "planning", "Planning"
@@ -113,12 +115,17 @@ class Origin(models.TextChoices):
     SCHEDULE = "schedule", "Schedule"
 
 
+# The task states nothing leaves (done, failed, superseded), in the order of TaskState: the
+# table `states.TASK` decides which they are.
+ENDED_TASK_STATES = tuple(s for s in TaskState if s in TASK.terminal)
+
+
 class TaskQuerySet(models.QuerySet["Task"]):
     def running(self) -> TaskQuerySet:
         return self.filter(state=TaskState.RUNNING)
 
     def open(self) -> TaskQuerySet:
-        return self.exclude(state__in=[TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED])
+        return self.exclude(state__in=ENDED_TASK_STATES)
 
 
 class Task(models.Model):
@@ -159,9 +166,15 @@ class Task(models.Model):
     def __str__(self) -> str:
         return f"task {self.pk} {self.title!r}"
 
+    @property
+    def ended(self) -> bool:
+        """Done, failed or superseded (`states.TASK.terminal`): its steps never run again."""
+        return self.state in TASK.terminal
 
-# Neither done nor failed: the steps still to run (the partial index step_open).
-OPEN_STEP_STATES = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
+
+# Neither done nor failed: the steps still to run (the partial index step_open, whose
+# condition lists them in this order).
+OPEN_STEP_STATES = tuple(s for s in StepState if s not in STEP.terminal)
 
 
 class StepQuerySet(models.QuerySet["Step"]):

@@ -36,6 +36,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     # A schedule's runs make tasks whose "May I do this?" is answered in advance (DESIGN.md
     # §10): making one is creating tasks and answering for them.
     "create a schedule": (CREATE, ANSWER),
+    "edit a schedule": (CREATE, ANSWER),  # its plan, its times, switching it on or off
     "write in the conversation": (WRITE,),
 }
 

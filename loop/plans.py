@@ -10,29 +10,30 @@ Every error names the step and the field; a plan with any error creates nothing.
 
 from __future__ import annotations
 
-import codecs
 import json
-import math
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import yaml
 from django.conf import settings
 
 from . import cron, tools
+from .safe_input import (  # noqa: F401  (the plans' readers, used as plans.load_json etc.)
+    KEY_RE,
+    PlanError,
+    check_value,
+    decode,
+    load,
+    load_json,
+    max_bytes,
+    max_depth,
+)
 
-KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 REF_RE = re.compile(r"\$\{([A-Za-z0-9][A-Za-z0-9_-]*)((?:\.[A-Za-z0-9_-]+)*)\}")
 STEP_FIELDS = {"key", "title", "tool", "args", "side_effect", "confirm_before", "max_attempts"}
 PLAN_FIELDS = {"title", "schedule", "timezone", "steps"}
-
-
-class PlanError(Exception):
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -55,300 +56,6 @@ class PlanSpec:
     schedule: str | None = None
     timezone: str | None = None
     template: dict[str, Any] | None = None
-
-
-# ---- safe input --------------------------------------------------------------------------------
-# Every door (the CLI, the dashboard, the API, the admin) reads plans and JSON bodies through
-# here: UTF-8 only, bounded in bytes and depth, and only JSON values (no YAML aliases, dates,
-# binary, sets; no NaN or Infinity; no integer beyond ±2**63; string keys only).
-
-INT_BOUND = 2**63
-BOUND_HINT = "integers must be within ±2**63"
-FINITE_HINT = "numbers must be finite"
-_BOMS = {
-    codecs.BOM_UTF32_LE: "UTF-32",
-    codecs.BOM_UTF32_BE: "UTF-32",
-    codecs.BOM_UTF16_LE: "UTF-16",
-    codecs.BOM_UTF16_BE: "UTF-16",
-}
-
-
-class _Refused(Exception):
-    """Raised from inside a parser: the whole message, ready for PlanError."""
-
-
-def max_bytes() -> int:
-    return int(settings.LOOP_PLAN_MAX_BYTES)
-
-
-def max_depth() -> int:
-    return int(settings.LOOP_PLAN_MAX_DEPTH)
-
-
-def decode(raw: bytes | str, what: str = "plan", limit: int | None = None) -> str:
-    """`raw` as text: UTF-8 (a UTF-8 byte-order mark is dropped), at most `limit` bytes."""
-    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
-    if limit is not None and size > limit:
-        raise PlanError([f"{what}: larger than the limit of {limit} bytes (LOOP_PLAN_MAX_BYTES)"])
-    if isinstance(raw, str):
-        return raw
-    for bom, name in _BOMS.items():
-        if raw.startswith(bom):
-            raise PlanError(
-                [
-                    f"{what}: the text is {name} (it starts with a {name} byte-order mark); save it as UTF-8"
-                ]
-            )
-    if b"\x00" in raw:
-        raise PlanError(
-            [
-                f"{what}: the text has NUL bytes (UTF-16 without a byte-order mark?); save it as UTF-8"
-            ]
-        )
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        byte = raw[exc.start]
-        raise PlanError(
-            [f"{what}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start}); save it as UTF-8"]
-        ) from None
-
-
-def load(text: bytes | str) -> Any:
-    """Parse a plan document, JSON or YAML (JSON is YAML, but JSON errors read better as
-    JSON), from bytes or text; PlanError (`plan: ...`) for anything unreadable. What is not a
-    JSON value is left in place for `validate` / `validate_steps`, which refuse it by name."""
-    text = decode(text, "plan", max_bytes())
-    if text.lstrip().startswith(("{", "[")):
-        return _json(text, "plan")
-    return _yaml(text)
-
-
-def load_json(raw: bytes | str, what: str = "body", depth: int | None = None) -> Any:
-    """Strict JSON (an API body): UTF-8, finite numbers, bounded integers, nested at most
-    `depth` levels (default LOOP_PLAN_MAX_DEPTH)."""
-    data = _json(decode(raw, what), what)
-    problem = check_value(data, what, limit=None, depth=depth)
-    if problem:
-        raise PlanError([problem])
-    return data
-
-
-@dataclass(frozen=True)
-class _NotJson:
-    """A value the parser met that is not JSON; `check_value` refuses it, naming where."""
-
-    what: str
-    hint: str
-    line: int = 0
-
-    def __str__(self) -> str:
-        at = f" (line {self.line})" if self.line else ""
-        return f"{self.what} is not allowed{at}; {self.hint}"
-
-
-def _json(text: str, what: str) -> Any:
-    def number(digits: str) -> Any:
-        if len(digits.lstrip("-")) > 19:
-            return _NotJson(f"the integer {digits[:12]}… ({len(digits)} digits)", BOUND_HINT)
-        return int(digits)
-
-    def real(digits: str) -> Any:
-        value = float(digits)
-        return value if math.isfinite(value) else _NotJson(digits[:20], FINITE_HINT)
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        found = dict(items)
-        if len(found) != len(items):
-            twice = next(k for i, (k, _) in enumerate(items) if k in dict(items[:i]))
-            raise _Refused(f"{what}: the key {twice!r} appears twice in one object")
-        return found
-
-    try:
-        return json.loads(
-            text,
-            parse_constant=lambda name: _NotJson(name, FINITE_HINT),
-            parse_int=number,
-            parse_float=real,
-            object_pairs_hook=pairs,
-        )
-    except _Refused as exc:
-        raise PlanError([str(exc)]) from None
-    except RecursionError:
-        raise PlanError([f"{what}: nested more than {max_depth()} levels deep"]) from None
-    except ValueError as exc:
-        raise PlanError([f"{what}: not valid JSON: {exc}"]) from None
-
-
-# libyaml where installed (ten times faster), else the pure-Python parser; either way only
-# SafeConstructor's types are built, and `_screen` has read the events first.
-_Parser: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_Parser):  # type: ignore[misc,valid-type]
-    """The safe loader, minus what is not JSON (dates, binary, sets, NaN/Infinity, huge
-    integers, a key given twice): each is refused by name when the plan is validated."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise _Refused(f"plan: the key {key!r} appears twice in one mapping (line {line})")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _screen(text: str) -> None:
-    """Refuse aliases and anchors (a few hundred bytes of them expand to gigabytes) and deep
-    nesting, from the event stream alone: before anything is composed or built."""
-    depth, deepest = 0, max_depth()
-    for event in yaml.parse(text, Loader=_Parser):
-        line = event.start_mark.line + 1 if event.start_mark else 0
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _Refused(f"plan: YAML aliases (&/*) are not allowed (line {line})")
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > deepest:
-                raise _Refused(f"plan: nested more than {deepest} levels deep (line {line})")
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-
-
-def _not_json(what: str) -> Callable[[_Loader, Any], Any]:
-    def construct(loader: _Loader, node: Any) -> Any:
-        return _NotJson(what, "quote it to make it a string", node.start_mark.line + 1)
-
-    return construct
-
-
-for _tag, _what in [
-    ("timestamp", "a YAML date"),
-    ("binary", "YAML !!binary"),
-    ("set", "a YAML !!set"),
-    ("omap", "a YAML !!omap"),
-    ("pairs", "YAML !!pairs"),
-]:
-    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _not_json(_what))
-
-
-def _yaml_int(loader: _Loader, node: Any) -> Any:
-    if len(str(node.value).replace("_", "").lstrip("+-")) > 19:
-        return _NotJson(f"the integer {node.value[:12]}…", BOUND_HINT, node.start_mark.line + 1)
-    return loader.construct_yaml_int(node)
-
-
-def _yaml_float(loader: _Loader, node: Any) -> Any:
-    value = float(loader.construct_yaml_float(node))
-    if not math.isfinite(value):
-        return _NotJson(str(node.value)[:20], FINITE_HINT, node.start_mark.line + 1)
-    return value
-
-
-_Loader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
-_Loader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
-
-
-def _yaml(text: str) -> Any:
-    try:
-        _screen(text)
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
-    except _Refused as exc:
-        raise PlanError([str(exc)]) from None
-    except RecursionError:
-        raise PlanError([f"plan: nested more than {max_depth()} levels deep"]) from None
-    except yaml.YAMLError as exc:
-        raise PlanError([f"plan: not valid YAML: {exc}"]) from None
-
-
-def check_value(
-    value: Any,
-    what: str,
-    *,
-    limit: int | None | Literal["plan"] = "plan",
-    depth: int | None = None,
-    steps: bool = False,
-) -> str | None:
-    """What is wrong with `value` as stored JSON, naming where (`what`, then the path), or
-    None. `limit` bounds its expanded size (default LOOP_PLAN_MAX_BYTES); with `steps`, the
-    value is a list of steps and a path into one names it by its key."""
-    size_limit = max_bytes() if limit == "plan" else limit
-    deepest = depth or max_depth()
-    size = 0
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
-    while stack:
-        item, path = stack.pop()
-        size += 1
-        problem = None
-        if len(path) >= deepest:
-            problem = f"nested more than {deepest} levels deep"
-        elif isinstance(item, str):
-            size += len(item)
-            problem = _bad_string(item)
-        elif isinstance(item, bool) or item is None:
-            pass
-        elif isinstance(item, int):
-            if not -INT_BOUND < item < INT_BOUND:
-                problem = f"{str(item)[:12]}… is not allowed; {BOUND_HINT}"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                problem = f"{item} is not allowed; {FINITE_HINT}"
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                if not isinstance(key, str):
-                    problem = f"the key {str(key)[:40]!r} is not a string (quote it)"
-                    break
-                problem = _bad_string(key)
-                if problem:
-                    problem = f"the key {key[:40]!r}: {problem}"
-                    break
-                size += len(key)
-                stack.append((inner, (*path, key)))
-        elif isinstance(item, list):
-            stack.extend((inner, (*path, i)) for i, inner in enumerate(item))
-        elif isinstance(item, _NotJson):
-            problem = str(item)
-        else:
-            problem = f"a {type(item).__name__} is not a JSON value"
-        if problem:
-            return f"{_where(value, path, what, steps)}: {problem}"
-        if size_limit is not None and size > size_limit:
-            return f"{what}: more than {size_limit} bytes once expanded (LOOP_PLAN_MAX_BYTES)"
-    return None
-
-
-def _bad_string(text: str) -> str | None:
-    if "\x00" in text:
-        return "a NUL character (\\u0000) can't be stored"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone surrogate (\\ud800-\\udfff) is not text"
-    return None
-
-
-def _where(root: Any, path: tuple[str | int, ...], what: str, steps: bool) -> str:
-    """`step 'pay': args.amount` for a path into a plan's steps, else `what: a.b[0]`."""
-    if not steps and path[:1] == ("steps",) and isinstance(root, dict):
-        root, path, steps = root.get("steps"), path[1:], True
-    label = ""
-    if steps and path and isinstance(path[0], int) and isinstance(root, list):
-        raw = root[path[0]]
-        key = raw.get("key") if isinstance(raw, dict) else None
-        label = (
-            f"step '{key}'" if isinstance(key, str) and KEY_RE.match(key) else f"steps[{path[0]}]"
-        )
-        path = path[1:]
-    elif steps:
-        label = "steps"
-    shown = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[:8]).lstrip(".")
-    if len(path) > 8:
-        shown += "…"
-    if label:
-        return f"{label}: {shown}" if shown else label
-    return shown or what
 
 
 def parse(text: bytes | str) -> PlanSpec:
@@ -413,72 +120,117 @@ def validate_steps(
     seen = set(earlier)
     specs = []
     for index, raw in enumerate(raw_steps):
-        spec = _validate_step(index, raw, seen, collect)
-        if spec is not None:
-            specs.append(spec)
+        if not isinstance(raw, dict):
+            collect.append(f"steps[{index}]: must be an object")
+            continue
+        found = check_step(raw, where=f"steps[{index}]", earlier=seen, screened=True)
+        collect.extend(found.errors)
+        key = raw.get("key")
+        if isinstance(key, str) and KEY_RE.match(key):
+            if key in seen:
+                collect.append(f"step '{key}': key is used twice")
+            seen.add(key)
+        if found.spec is not None:
+            specs.append(found.spec)
     if errors is None and collect:
         raise PlanError(collect)
     return specs
 
 
-def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> StepSpec | None:
-    where = f"steps[{index}]"
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: must be an object")
-        return None
-    key = raw.get("key")
+@dataclass(frozen=True)
+class StepCheck:
+    """What `check_step` found: the step as it will be stored (None if anything is wrong),
+    and each problem as (the field it is about, the message naming the step and the field)."""
+
+    spec: StepSpec | None
+    problems: list[tuple[str, str]]
+
+    @property
+    def errors(self) -> list[str]:
+        return [message for _, message in self.problems]
+
+
+def check_step(
+    fields: Mapping[str, Any],
+    *,
+    where: str,
+    earlier: AbstractSet[str] | None = None,
+    screened: bool = False,
+) -> StepCheck:
+    """The one check of a step's plan fields, for every door that writes them (a plan, added
+    steps, the admin's edits through `actions.edit_steps`): `fields` are the step's fields as
+    given (key, title, tool, args, side_effect, confirm_before, max_attempts); a field left
+    out takes its default. Errors name the step by its key, or by `where` while the key is not
+    valid. `${key}` references in args must name a key in `earlier` (not checked when None);
+    `screened` says the values were already checked as stored JSON (`check_value`).
+
+    The stored step asks first only if it has side effects: `confirm_before` on a read-only
+    step (as the setting LOOP_CONFIRM_SIDE_EFFECTS gives every step) means nothing."""
+    problems: list[tuple[str, str]] = []
+    key = fields.get("key")
     if isinstance(key, str) and KEY_RE.match(key):
         where = f"step '{key}'"
-        if key in seen:
-            errors.append(f"{where}: key is used twice")
-        seen.add(key)
     else:
-        errors.append(f"{where}: 'key' is required: letters, digits, '_', '-', '.' (max 100)")
-    before = len(errors)
-    for name in raw:
-        if name not in STEP_FIELDS:
-            errors.append(f"{where}: unknown field '{name}'")
-    title = raw.get("title", "")
+        problems.append(
+            ("key", f"{where}: 'key' is required: letters, digits, '_', '-', '.' (max 100)")
+        )
+    if not screened:
+        for name, value in fields.items():
+            problem = check_value({name: value}, name)
+            if problem:  # NaN, a NUL, too deep or too large: nothing the database should get
+                problems.append((name, f"{where}: {problem}"))
+        if problems:
+            return StepCheck(None, problems)
+    problems.extend(
+        (name, f"{where}: unknown field '{name}'") for name in fields if name not in STEP_FIELDS
+    )
+    title = fields.get("title", "")
     if not isinstance(title, str) or len(title) > 200:
-        errors.append(f"{where}: 'title' must be a string of at most 200 characters")
-    tool_name = raw.get("tool")
+        problems.append(("title", f"{where}: 'title' must be a string of at most 200 characters"))
+    tool_name = fields.get("tool")
     tool = None
     if not isinstance(tool_name, str):
-        errors.append(f"{where}: 'tool' is required")
+        problems.append(("tool", f"{where}: 'tool' is required"))
     else:
         try:
             tool = tools.get(tool_name)
         except tools.ToolError:
-            errors.append(
-                f"{where}: unknown tool '{tool_name}' (known: {', '.join(tools.names())})"
-            )
-    args = raw.get("args", {})
+            known = ", ".join(tools.names())
+            problems.append(("tool", f"{where}: unknown tool '{tool_name}' (known: {known})"))
+    args = fields.get("args", {})
     if tool is not None:
-        errors.extend(tool.check_args(args, where))
-        reason = tool.disabled()
-        if reason:
-            errors.append(f"{where}: tool '{tool.name}' is off: {reason}")
-    for ref in references(args):
-        if ref not in seen or ref == key:
-            errors.append(f"{where}: args refer to '{ref}', which is not an earlier step")
-    side_effect = raw.get("side_effect", tool.side_effect if tool else False)
+        problems.extend(_call_problems(tool, args, where))
+    if earlier is not None:
+        for ref in sorted(references(args)):
+            if ref not in earlier or ref == key:
+                problems.append(
+                    ("args", f"{where}: args refer to '{ref}', which is not an earlier step")
+                )
+    side_effect = fields.get("side_effect", tool.side_effect if tool else False)
     if not isinstance(side_effect, bool):
-        errors.append(f"{where}: 'side_effect' must be true or false")
+        problems.append(("side_effect", f"{where}: 'side_effect' must be true or false"))
     elif tool is not None and tool.side_effect and not side_effect:
-        errors.append(f"{where}: tool '{tool.name}' has side effects; 'side_effect' can't be false")
-    confirm_before = raw.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
+        problems.append(
+            (
+                "side_effect",
+                f"{where}: tool '{tool.name}' has side effects; 'side_effect' can't be false",
+            )
+        )
+    confirm_before = fields.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
     if not isinstance(confirm_before, bool):
-        errors.append(f"{where}: 'confirm_before' must be true or false")
-    max_attempts = raw.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
+        problems.append(("confirm_before", f"{where}: 'confirm_before' must be true or false"))
+    max_attempts = fields.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
     if (
         isinstance(max_attempts, bool)
         or not isinstance(max_attempts, int)
         or not 1 <= max_attempts <= 100
     ):
-        errors.append(f"{where}: 'max_attempts' must be a whole number from 1 to 100")
-    if len(errors) > before or not isinstance(key, str) or tool is None:
-        return None
-    return StepSpec(
+        problems.append(
+            ("max_attempts", f"{where}: 'max_attempts' must be a whole number from 1 to 100")
+        )
+    if problems or not isinstance(key, str) or tool is None:
+        return StepCheck(None, problems)
+    spec = StepSpec(
         key=key,
         title=title or key,
         tool=tool.name,
@@ -487,6 +239,22 @@ def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> S
         confirm_before=bool(confirm_before) and bool(side_effect),
         max_attempts=int(max_attempts),
     )
+    return StepCheck(spec, problems)
+
+
+def check_call(tool: tools.Tool, args: Any, *, where: str) -> list[str]:
+    """What is wrong with calling `tool` with `args`: arguments that do not fit it, or the
+    tool switched off. `check_step` asks this when a step is written; the judge asks again of
+    the resolved args when the step runs, and the API of an agent's call (`/api/effects`)."""
+    return [message for _, message in _call_problems(tool, args, where)]
+
+
+def _call_problems(tool: tools.Tool, args: Any, where: str) -> list[tuple[str, str]]:
+    found = [("args", problem) for problem in tool.check_args(args, where)]
+    reason = tool.disabled()
+    if reason:
+        found.append(("tool", f"{where}: tool '{tool.name}' is off: {reason}"))
+    return found
 
 
 def references(value: Any) -> set[str]:

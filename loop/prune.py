@@ -24,10 +24,9 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import Effect, Event, Receipt, Step, Task, TaskState
+from .models import ENDED_TASK_STATES, Effect, Event, Receipt, Step, Task
 
 BATCH = 500
-FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 TABLES = ("events", "effects", "steps", "tasks", "receipts")
 _TASK_IN_SCOPE = re.compile(r"/tasks/(\d+)(?:/|$)")
 
@@ -51,7 +50,7 @@ class Window:
 
 
 def old_tasks(window: Window) -> models.QuerySet[Task]:
-    return Task.objects.filter(state__in=FINISHED, updated_at__lt=window.before)
+    return Task.objects.filter(state__in=ENDED_TASK_STATES, updated_at__lt=window.before)
 
 
 def candidates(table: str, window: Window) -> models.QuerySet[models.Model]:

@@ -1,5 +1,6 @@
 """A blocked step's question: its words, written when it is asked, and the calls it names, as a
-person is shown them — read here for the dashboard, `manage.py task` and the API alike."""
+person is shown them. `question()` is the one rule for what a question names and shows; the
+dashboard's card, `manage.py task` / `unblock` and the API's `question` all read it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 from . import tools
 from .effects import canonical
 from .judges.tool import resolved_args
-from .models import Effect, EffectState, QuestionKind, Step
+from .models import Effect, EffectState, QuestionKind, Step, StepState
 from .tools import shown
 
 ARROW = " → "  # a line of the question's text that names a call: "tool → target: summary"
+UNSENT = "The earlier try was interrupted before the call went out: nothing was sent."
 
 
 def describe(effects: Iterable[Effect]) -> str:
@@ -29,7 +31,7 @@ def describe(effects: Iterable[Effect]) -> str:
 def may_i(tool: str, target: str, summary: str, *, unsent: bool) -> tuple[str, str]:
     text = f"May I do this?\n{tool}{ARROW}{target or '(no target)'}: {summary}"
     if unsent:
-        text += "\nThe earlier try was interrupted before the call went out: nothing was sent."
+        text += f"\n{UNSENT}"
     return QuestionKind.MAY_I, text
 
 
@@ -107,22 +109,54 @@ def named(step: Step, effects: Iterable[Effect]) -> list[Effect]:
     ]
 
 
-def asks_own_call(step: Step, named_effects: list[Effect]) -> bool:
-    """Whether it is "May I do this?" before any effect of the step was recorded (it asks
-    about the call itself)."""
-    return step.question_kind == QuestionKind.MAY_I and not named_effects
+@dataclass(frozen=True)
+class Question:
+    """A blocked step's question as a person is shown it, whatever the door: its kind, the
+    effects it names, each call it asks about in full, and its words beyond the heading and
+    those calls."""
+
+    step: Step
+    kind: QuestionKind
+    effects: list[Effect]  # the effects it names: what an answer settles
+    requests: list[Request]  # the calls it asks about, each in full
+    notes: list[str]
+
+    @property
+    def heading(self) -> str:
+        return str(self.kind.label)
+
+    @property
+    def may_i(self) -> bool:
+        return self.kind == QuestionKind.MAY_I
+
+    @property
+    def own_call(self) -> Request | None:
+        """The step's own call, when it asks "May I do this?" before any effect of the step
+        was recorded."""
+        return self.requests[0] if self.may_i and not self.effects else None
+
+    @property
+    def ended(self) -> bool:
+        """Its task ended (superseded): the step never runs again, so only the answers that
+        close the question can be given (actions.unblock refuses the others)."""
+        return self.step.task.ended
 
 
-def requests(step: Step, effects: Iterable[Effect]) -> list[Request]:
-    """Every call the question asks about, each in full."""
+def question(step: Step, effects: Iterable[Effect]) -> Question | None:
+    """The question of a blocked step (None for any other step), with the effects it names
+    (`named`) among the step's `effects`. Its calls are shown from the rows, never read back
+    from its text: the words beyond them are the "nothing was sent" of a "May I do this?" about
+    an intent that never went out, or, with no call left to show, the text as written."""
+    if step.state != StepState.BLOCKED or not step.question_kind:
+        return None
+    kind = QuestionKind(step.question_kind)
     about = named(step, effects)
-    if asks_own_call(step, about):
-        return [of_step(step)]
-    return [of_effect(e) for e in about]
-
-
-def notes(step: Step, *, calls_shown: bool) -> list[str]:
-    """The question's words beyond its heading; without its call lines when the calls are
-    shown in full beside them."""
-    lines = [line for line in step.question_text.splitlines()[1:] if line.strip()]
-    return [line for line in lines if not calls_shown or ARROW not in line]
+    if kind == QuestionKind.MAY_I and not about:
+        shown = [of_step(step)]
+    else:
+        shown = [of_effect(e) for e in about]
+    if not shown:
+        notes = [line for line in step.question_text.splitlines()[1:] if line.strip()]
+    else:
+        notes = [UNSENT] if kind == QuestionKind.MAY_I and about else []
+    return Question(step, kind, about, shown, notes)

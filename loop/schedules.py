@@ -50,10 +50,11 @@ def create(*, spec: plans.PlanSpec, actor: str, user: Who, name: str | None = No
     return schedule
 
 
-def edit(*, schedule_id: int, changes: dict[str, Any], actor: str) -> Schedule:
+def edit(*, schedule_id: int, changes: dict[str, Any], actor: str, user: Who) -> Schedule:
     """Change a schedule's name, cron, time zone, plan template or on/off switch. A new cron
     or zone, or switching it on, sets the next due time from now: slots that passed while it
-    was off never fire."""
+    was off never fire. Needs what making one needs (its runs answer in advance)."""
+    require(user, "edit a schedule", actor=actor)
     unknown = sorted(set(changes) - set(EDITABLE))
     if unknown:
         raise actions.Refused(f"{unknown[0]}: not a field of a schedule")

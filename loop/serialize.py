@@ -24,16 +24,16 @@ def effect_dict(effect: Effect) -> dict[str, Any]:
 
 
 def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
-    if not step.question_kind:
+    asked = questions.question(step, effects)
+    if asked is None:
         return None
-    named = questions.named(step, effects)
-    own = questions.of_step(step) if questions.asks_own_call(step, named) else None
+    own = asked.own_call
     return {
-        "kind": step.question_kind,
+        "kind": asked.kind,
         "text": step.question_text,
         # "May I do this?" before any effect was recorded: the call itself, in full.
         "call": own.as_dict() if own else None,
-        "effects": [effect_dict(e) for e in named],
+        "effects": [effect_dict(e) for e in asked.effects],
     }
 
 

@@ -1,11 +1,11 @@
 from django.urls import path, re_path
 
-from . import views
 from .api import agent as api_agent
 from .api import talk as api_talk
 from .api import views as api
 from .api.core import not_found, route
-from .pages import decide, home, talk, task
+from .web import views
+from .web.pages import decide, home, talk, task
 
 app_name = "loop"
 urlpatterns = [

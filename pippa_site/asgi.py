@@ -9,7 +9,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from loop.routing import websocket_urlpatterns  # noqa: E402
+from loop.web.routing import websocket_urlpatterns  # noqa: E402
 from pippa_site.ws_origin import SameOriginOnly  # noqa: E402
 
 application = ProtocolTypeRouter(

@@ -3,7 +3,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from loop.pages.login import LoginView
+from loop.web.pages.login import LoginView
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
+import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from loop import actions, plans
 from loop.models import Event, Step, Task
+from loop.permissions import SYSTEM
 from loop.worker import Worker
 
 from .conftest import make_task, step
@@ -189,3 +192,50 @@ def test_an_admin_without_confirm_step_edits_nothing(db: None) -> None:
     assert not Event.objects.filter(kind="step_edited").exists()
     refused = Event.objects.get(kind="decision_refused", task=task)
     assert refused.actor == "admin:clerk" and refused.data["action"] == "edit steps"
+
+
+def test_edit_steps_checks_the_edited_step_by_the_plans_rule_whoever_calls_it(db: None) -> None:
+    task = make_task(step("a"), step("b", args={"value": "${a.value}"}), step("c"))
+    a, b, c = (task.steps.get(key=k) for k in "abc")
+    with pytest.raises(plans.PlanError) as caught:
+        actions.edit_steps(
+            task_id=task.pk,
+            edits={a.pk: {"tool": "email.send", "args": {"subject": "hi"}, "max_attempts": 0}},
+            actor="test",
+            user=SYSTEM,
+        )
+    assert caught.value.errors == [
+        "step 'a': tool 'email.send' needs 'to'",
+        "step 'a': tool 'email.send' needs 'body'",
+        "step 'a': tool 'email.send' has side effects; 'side_effect' can't be false",
+        "step 'a': 'max_attempts' must be a whole number from 1 to 100",
+    ]
+    with pytest.raises(plans.PlanError) as caught:  # b would come before the step it reads
+        actions.edit_steps(
+            task_id=task.pk,
+            edits={a.pk: {"position": b.position}, b.pk: {"position": a.position}},
+            actor="test",
+            user=SYSTEM,
+        )
+    assert caught.value.errors == ["step 'b': args refer to 'a', which is not an earlier step"]
+    with pytest.raises(plans.PlanError) as caught:
+        actions.edit_steps(
+            task_id=task.pk, edits={c.pk: {"args": {"value": "${c.x}"}}}, actor="t", user=SYSTEM
+        )
+    assert caught.value.errors == ["step 'c': args refer to 'c', which is not an earlier step"]
+    assert not Event.objects.filter(kind="step_edited").exists()
+    assert list(task.steps.order_by("position").values_list("key", "tool", "max_attempts")) == [
+        ("a", "echo", a.max_attempts),
+        ("b", "echo", b.max_attempts),
+        ("c", "echo", c.max_attempts),
+    ]
+
+
+def test_confirm_before_on_a_read_only_step_is_stored_as_the_plan_stores_it(db: None) -> None:
+    task = make_task(step("a"))
+    a = task.steps.get()
+    actions.edit_steps(
+        task_id=task.pk, edits={a.pk: {"confirm_before": True}}, actor="test", user=SYSTEM
+    )
+    a.refresh_from_db()
+    assert a.confirm_before is False  # only a side-effect step asks first, as in a plan

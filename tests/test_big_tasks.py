@@ -198,7 +198,7 @@ def test_the_task_page_shows_a_window_of_a_big_task_around_its_current_step(
 ) -> None:
     from django.test import Client
 
-    from loop.pages.context import STEP_WINDOW
+    from loop.web.pages.context import STEP_WINDOW
 
     client = Client()
     client.force_login(dad)
@@ -247,7 +247,7 @@ def test_the_admin_draws_a_window_of_step_forms_and_saves_within_it(half_done: T
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from loop.pages.context import STEP_WINDOW
+    from loop.web.pages.context import STEP_WINDOW
 
     from .test_admin_plan_edits import FormFields, form_index
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import time_machine
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -26,7 +27,7 @@ from loop.models import Event, Message, Schedule, Task
 from loop.permissions import SYSTEM
 from loop.serialize import task_dict
 
-from .conftest import make_task, step
+from .conftest import make_task, permission_objects, step
 
 
 def shell(*args: str) -> str:
@@ -182,6 +183,40 @@ def test_the_admin_edits_a_schedule_through_the_action(db: None) -> None:
     added = client.post("/admin/loop/schedule/add/", {**form, "name": "second"})
     assert added.status_code == 302
     assert Schedule.objects.get(name="second").cron == "0 9 * * *"
+
+
+def test_editing_a_schedule_needs_what_making_one_needs_whoever_asks(db: None) -> None:
+    """The admin lets a clerk with `loop.change_schedule` open the form; the action itself
+    refuses the edit (its runs answer "May I do this?" in advance), journaled."""
+    clerk = User.objects.create_user("clerk", password="clerk-password-1", is_staff=True)
+    clerk.user_permissions.add(*permission_objects("loop.change_schedule", "loop.view_schedule"))
+    plan = {"title": "numbers", "schedule": "0 8 * * *", "steps": [step("a")]}
+    schedule = schedules.create(spec=plans.validate(plan), actor="dad", user=SYSTEM)
+    client = Client()
+    client.force_login(clerk)
+    form = {
+        "name": "numbers",
+        "cron": "0 9 * * *",
+        "timezone": "UTC",
+        "plan": json.dumps(schedule.plan),
+        "runs-TOTAL_FORMS": "0",
+        "runs-INITIAL_FORMS": "0",
+    }
+    url = f"/admin/loop/schedule/{schedule.pk}/change/"
+    refused = client.post(url, form, follow=True)
+    assert "Nothing was changed: you may not edit a schedule" in refused.content.decode()
+    with pytest.raises(PermissionDenied):
+        schedules.edit(
+            schedule_id=schedule.pk, changes={"enabled": False}, actor="clerk", user=clerk
+        )
+    schedule.refresh_from_db()
+    assert schedule.cron == "0 8 * * *" and schedule.enabled
+    assert not Event.objects.filter(kind="schedule_edited").exists()
+    journaled = Event.objects.filter(kind="decision_refused").order_by("id")
+    assert [(e.actor, e.data["action"]) for e in journaled] == [
+        ("admin:clerk", "edit a schedule"),
+        ("clerk", "edit a schedule"),
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

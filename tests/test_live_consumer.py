@@ -13,10 +13,11 @@ from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_l
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 
-from loop import actions, live
-from loop.consumers import LiveConsumer
+from loop import actions
 from loop.models import Event
 from loop.permissions import SYSTEM
+from loop.web import live
+from loop.web.consumers import LiveConsumer
 from pippa_site.asgi import application
 
 from .conftest import make_task, step
@@ -66,7 +67,7 @@ async def messages_until(
 
 
 def seen_near(last: int) -> str:
-    from loop.pages.context import seen_near as page_seen
+    from loop.web.pages.context import seen_near as page_seen
 
     return page_seen(last)
 

@@ -12,9 +12,10 @@ from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_l
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from loop import conversation, live, plans, schedules
+from loop import conversation, plans, schedules
 from loop.models import AuthorKind, Event, Schedule
 from loop.permissions import SYSTEM
+from loop.web import live
 
 from .conftest import make_task, step
 from .test_live_consumer import connect_as, run

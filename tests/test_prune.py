@@ -16,9 +16,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from loop import actions, live, prune
+from loop import actions, prune
 from loop.models import AgentToken, Effect, Event, Receipt, Step, Task
 from loop.permissions import SYSTEM
+from loop.web import live
 from loop.worker import Worker
 
 from . import test_browser as web

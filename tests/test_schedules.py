@@ -148,11 +148,13 @@ def test_slots_missed_while_no_worker_ran_fire_once_and_the_journal_counts_them(
 def test_a_disabled_schedule_never_fires_and_on_again_does_not_catch_up(db: None) -> None:
     with time_machine.travel(datetime(2026, 6, 1, 12, tzinfo=UTC), tick=False) as clock:
         schedule = make_schedule("*/10 * * * *")
-        schedules.edit(schedule_id=schedule.pk, changes={"enabled": False}, actor="dad")
+        schedules.edit(
+            schedule_id=schedule.pk, changes={"enabled": False}, actor="dad", user=SYSTEM
+        )
         for minutes in range(0, 24 * 60, 7):
             clock.move_to(datetime(2026, 6, 1, 12, tzinfo=UTC) + timedelta(minutes=minutes))
             assert schedules.fire_due(actor="w1") == []
-        schedules.edit(schedule_id=schedule.pk, changes={"enabled": True}, actor="dad")
+        schedules.edit(schedule_id=schedule.pk, changes={"enabled": True}, actor="dad", user=SYSTEM)
         schedule.refresh_from_db()
         # The last poll was at 11:55: the next due time is after now, no catch-up.
         assert schedule.next_due == datetime(2026, 6, 2, 12, 0, tzinfo=UTC)

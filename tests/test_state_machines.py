@@ -29,7 +29,16 @@ from hypothesis.stateful import (
 )
 
 from loop import actions, lease, plans, step_life
-from loop.models import OPEN_STEP_STATES, EffectState, Event, Step, StepState, Task, TaskState
+from loop.models import (
+    ENDED_TASK_STATES,
+    OPEN_STEP_STATES,
+    EffectState,
+    Event,
+    Step,
+    StepState,
+    Task,
+    TaskState,
+)
 from loop.permissions import SYSTEM
 from loop.states import EFFECT, STEP, TASK, IllegalTransition, Machine
 from loop.step_life import NeedsProbe, Started
@@ -80,6 +89,13 @@ def test_every_state_is_reachable_and_none_is_a_trap(name: str) -> None:
 def test_the_table_knows_exactly_the_models_states(name: str) -> None:
     machine, choices, _ = MACHINES[name]
     assert set(machine.states) == set(choices.values)
+
+
+def test_the_ended_and_open_states_the_code_uses_come_from_the_tables() -> None:
+    assert set(ENDED_TASK_STATES) == {"done", "failed", "superseded"} == TASK.terminal
+    assert set(OPEN_STEP_STATES) == {"pending", "running", "blocked"} == STEP.states - STEP.terminal
+    assert OPEN_STEP_STATES == ("pending", "running", "blocked")  # the index step_open's order
+    assert [s for s in TaskState if Task(state=s).ended] == list(ENDED_TASK_STATES)
 
 
 @hypothesis_settings(max_examples=300, deadline=None)

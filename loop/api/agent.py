@@ -20,7 +20,7 @@ from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
-from .. import effects, journal, lease, outcomes, questions, step_life, tools
+from .. import effects, journal, lease, outcomes, plans, questions, step_life, tools
 from ..effects import canonical
 from ..judges import Verdict
 from ..judges.tool import resolved_args
@@ -238,7 +238,7 @@ def effect(call: Call) -> HttpResponse:
     if not isinstance(args, dict):
         raise ApiError(400, "args: must be an object")
     bound_to_step(call, step, tool, args)
-    problems = tool.check_args(args, f"step '{step.key}'")
+    problems = plans.check_call(tool, args, where=f"step '{step.key}'")
     if problems:
         raise ApiError(400, "; ".join(problems))
     key = data.get("key")

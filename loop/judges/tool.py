@@ -70,12 +70,9 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Request:
     where = _where(step)
     tool = tools.get(step.tool)
     args = resolved_args(step)
-    problems = tool.check_args(args, where)
+    problems = plans.check_call(tool, args, where=where)
     if problems:
         return Verdict.failed("; ".join(problems))
-    reason = tool.disabled()
-    if reason:
-        return Verdict.failed(f"{where}: tool '{tool.name}' is off: {reason}")
     if not tool.side_effect:
         return Verdict.done(tool.run(args))
     if not step.side_effect:

@@ -9,7 +9,7 @@
   const state = (window.pippaLive = { last: Number(body.dataset.lastEvent || 0), messages: 0,
     recent: (body.dataset.seenEvents || "").split(",").filter(Boolean).map(Number) });
   const WINDOW = 256; // ids below `last` that may still commit late (PostgreSQL)
-  // The server's refusals (loop/consumers.py): the page says why and stops reconnecting.
+  // The server's refusals (loop/web/consumers.py): the page says why and stops reconnecting.
   const REFUSED = {
     4401: { text: "Signed out — log in again to see live updates.", link: "Log in" },
     4403: { text: "You may no longer follow this page — ask for access.", link: "" },

@@ -5,10 +5,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from loop import questions
 from loop.management.base import LoopCommand
-from loop.models import Task
+from loop.models import Effect, StepState, Task
 from loop.serialize import task_dict
-from loop.tools.shown import Field, as_text, terminal_safe
+from loop.tools.shown import as_text, terminal_safe
 
 
 class Command(LoopCommand):
@@ -27,6 +28,7 @@ class Command(LoopCommand):
             self.stdout.write(json.dumps(data, indent=2, default=str))
             return
         self.stdout.write(f"task {data['id']}: {data['title']} [{data['state']}]")
+        asked_of = blocked_questions(task)
         origin = data["origin"]
         if origin["kind"] == "schedule":
             where = f"schedule {terminal_safe(origin.get('schedule', '?'))}, message {origin.get('message')}"
@@ -38,19 +40,33 @@ class Command(LoopCommand):
             )
             if step["error"]:
                 self.stdout.write(f"         error: {step['error']}")
-            if question := step["question"]:
-                for line in question["text"].splitlines():
-                    self.stdout.write(f"         ? {terminal_safe(line)}")
-                # Each call it asks about, in full: what a person decides on.
-                for call in [question["call"], *question["effects"]]:
-                    if call:
-                        head = f"{call['tool']} → {call['target'] or '(no target)'}"
-                        self.stdout.write(f"           {terminal_safe(head)}")
-                        view = [Field(**f) for f in call["request_view"]]
-                        for line in as_text(view, indent="             "):
-                            self.stdout.write(line)
+            if asked := asked_of.get(step["id"]):
+                self.write_question(asked)
             for effect in step["effects"]:
                 self.stdout.write(
                     f"         effect {effect['id'][:12]} {effect['tool']} {effect['state']} "
                     f"{effect['target']}"
                 )
+
+    def write_question(self, asked: questions.Question) -> None:
+        """The question as the dashboard shows it: its heading, each call it asks about in
+        full (what a person decides on), then its other words."""
+        self.stdout.write(f"         ? {asked.heading}")
+        for call in asked.requests:
+            head = f"{call.tool} → {call.target or '(no target)'}"
+            head += f": {call.summary}" if call.summary else ""
+            self.stdout.write(f"           {terminal_safe(head)}")
+            for line in as_text(call.fields, indent="             "):
+                self.stdout.write(line)
+        for note in asked.notes:
+            self.stdout.write(f"         ? {terminal_safe(note)}")
+
+
+def blocked_questions(task: Task) -> dict[int, questions.Question]:
+    """The questions of the task's blocked steps (few: a step blocks its task), by step id."""
+    steps = list(task.steps.filter(state=StepState.BLOCKED).select_related("task"))
+    effects: dict[int, list[Effect]] = {s.pk: [] for s in steps}
+    for effect in Effect.objects.filter(step__in=steps).order_by("created_at", "id"):
+        effects[effect.step_id].append(effect)
+    found = {s.pk: questions.question(s, effects[s.pk]) for s in steps}
+    return {pk: q for pk, q in found.items() if q is not None}

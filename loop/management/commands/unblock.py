@@ -5,10 +5,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from loop import actions
+from loop import actions, questions
 from loop.management.base import LoopCommand
-from loop.models import Step
+from loop.models import Effect, Step
 from loop.permissions import SYSTEM
+from loop.tools.shown import terminal_safe
 
 
 class Command(LoopCommand):
@@ -30,8 +31,10 @@ class Command(LoopCommand):
         parser.add_argument("--note", default="", help="what you know (kept as the receipt)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not Step.objects.filter(pk=options["step"]).exists():
+        asking = Step.objects.select_related("task").filter(pk=options["step"]).first()
+        if asking is None:
             raise CommandError(f"step: no step {options['step']}")
+        asked = questions.question(asking, asking.effects.order_by("created_at", "id"))
         try:
             step = actions.unblock(
                 step_id=options["step"],
@@ -43,3 +46,7 @@ class Command(LoopCommand):
         except actions.Refused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"step {step.pk} '{step.key}' is now {step.state}")
+        # What the answer settled: the effects the question named, as they are now.
+        for effect in Effect.objects.filter(pk__in=[e.pk for e in asked.effects] if asked else []):
+            line = f"  effect {effect.pk[:12]} {effect.tool} → {effect.target}: {effect.state}"
+            self.stdout.write(terminal_safe(line))

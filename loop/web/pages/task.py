@@ -9,9 +9,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from .. import actions, plans
+from ... import actions, plans
+from ...models import Origin, Task
 from ..forms import AddStepsForm, PlanForm
-from ..models import Origin, Task
 from . import context
 from .respond import actor, answer, can_act
 

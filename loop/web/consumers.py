@@ -13,8 +13,10 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import live, permissions
-from .models import Task
+from .. import permissions
+from ..models import Task
+from . import live
+from .pages import context
 
 UNAUTHENTICATED = 4401
 FORBIDDEN = 4403  # reserved for topics a logged-in user may not read (none yet); live.js knows it
@@ -46,7 +48,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         ):
             await self.refuse(NOT_FOUND)
             return
-        self.seen = live.SeenIds(await database_sync_to_async(live.trailing_window)())
+        self.seen = live.SeenIds(await database_sync_to_async(context.trailing_window)())
         self.seen.add(int(i) for i in seen_raw)
         self.shown: dict[str, str] = {}  # DOM id -> the HTML this connection last sent for it
         await self.accept()

@@ -12,7 +12,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.http import HttpRequest, HttpResponse
 
-from .. import throttle
+from ... import throttle
 
 
 def refuse_while_locked(request: HttpRequest | None, username: str) -> None:

@@ -9,9 +9,9 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from .. import actions, lease
+from ... import actions, lease
+from ...models import Step, Task
 from ..forms import DecisionForm
-from ..models import Step, Task
 from .respond import actor, answer
 
 SAID = {

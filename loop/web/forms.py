@@ -7,8 +7,8 @@ from typing import Any
 
 from django import forms
 
-from . import plans
-from .actions import DECISIONS
+from .. import plans
+from ..actions import DECISIONS
 
 
 def _plan_text(text: str, upload: Any) -> bytes | str:

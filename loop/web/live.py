@@ -36,11 +36,12 @@ from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.template.loader import render_to_string
 
-from . import journal, open_steps, timeline
-from .models import Event, EventKind, Task
+from .. import journal, open_steps
+from ..models import Event, EventKind, Task
+from . import timeline
 from .pages import context, talk
 
-log = logging.getLogger("loop.live")
+log = logging.getLogger("loop.web.live")
 
 POLL_SECONDS = settings.LOOP_LIVE_POLL_MS / 1000
 BANNER_SECONDS = 5.0
@@ -69,11 +70,6 @@ CONVERSATION_KINDS = frozenset(
         EventKind.SCHEDULE_FAILED,
     }
 )
-
-
-def trailing_window() -> int:
-    """How many ids below the highest seen may still commit (0: ids commit in order)."""
-    return 0 if connection.vendor == "sqlite" else 256
 
 
 class SeenIds:
@@ -204,7 +200,7 @@ def replay(topic: Topic, after: int) -> dict[str, Any]:
     `{"reload": true}`, and the page loads afresh rather than patching what no longer is."""
     if after > 0 and not Event.objects.filter(pk=after).exists():
         return {"reload": True, "events": [], "swaps": [], "rows": []}
-    events = Event.objects.filter(id__gt=after - trailing_window()).order_by("id")
+    events = Event.objects.filter(id__gt=after - context.trailing_window()).order_by("id")
     if topic.task_id is not None:
         events = events.filter(task_id=topic.task_id)
     elif topic.page == "conversation":
@@ -257,7 +253,7 @@ class Tailer:
 
     def _start_at(self) -> SeenIds:
         top = Event.objects.aggregate(top=Max("id"))["top"] or 0
-        return SeenIds(trailing_window(), top)
+        return SeenIds(context.trailing_window(), top)
 
     async def run(self) -> None:
         from channels.layers import get_channel_layer

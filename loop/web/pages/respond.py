@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from .. import permissions
+from ... import permissions
 
 
 def can_act(request: HttpRequest) -> bool:

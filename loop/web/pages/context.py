@@ -1,5 +1,5 @@
 """What the dashboard's templates show, read in one place so that a page and the live push
-render the same partial from the same context (`loop/live.py` calls these too).
+render the same partial from the same context (`loop/web/live.py` calls these too).
 
 Read-only: nothing here writes.
 """
@@ -10,39 +10,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import health, lease, open_steps, questions, timeline
-from ..models import Effect, Event, EventKind, QuestionKind, Step, StepState, Task, TaskState
+from ... import health, lease, open_steps, questions
+from ...models import (
+    ENDED_TASK_STATES,
+    Effect,
+    Event,
+    EventKind,
+    Step,
+    StepState,
+    Task,
+)
+from .. import timeline
 
-ACTIVE = (TaskState.RUNNING, TaskState.BLOCKED, TaskState.PAUSED, TaskState.PLANNING)
-FINISHED = (TaskState.DONE, TaskState.FAILED, TaskState.SUPERSEDED)
 JOURNAL_ROWS = 200
 STEP_WINDOW = 50  # steps a task page shows at once
 RECENT = 8
-
-
-@dataclass
-class Question:
-    """A blocked step's question as Dad sees it: the words, the calls it names (each in full),
-    the buttons."""
-
-    step: Step
-    kind: str
-    heading: str
-    lines: list[str]
-    requests: list[questions.Request]
-
-    @property
-    def may_i(self) -> bool:
-        return self.kind == QuestionKind.MAY_I
-
-    @property
-    def ended(self) -> bool:
-        """Its task ended (superseded): the step never runs again, so only the answers that
-        close the question are offered (actions.unblock refuses the others)."""
-        return self.step.task.state in FINISHED
 
 
 @dataclass
@@ -62,7 +48,7 @@ class Progress:
 class StepView:
     step: Step
     effects: list[Effect]
-    question: Question | None
+    question: questions.Question | None
     output: str
     current: bool = False
     # Each effect with its receipt and its request in full.
@@ -84,11 +70,15 @@ def last_event_id() -> int:
     return Event.objects.aggregate(top=Max("id"))["top"] or 0
 
 
+def trailing_window() -> int:
+    """How many event ids below the highest seen may still commit (0: ids commit in order):
+    what a page and the live feed (`loop/web/live.py`) both count as possibly late."""
+    return 0 if connection.vendor == "sqlite" else 256
+
+
 def seen_near(last: int) -> str:
     """The ids a page rendered now already reflects within the window where ids may still
     commit late (PostgreSQL), so its first live connection is not sent them again."""
-    from ..live import trailing_window
-
     window = trailing_window()
     if not window:
         return ""
@@ -100,15 +90,6 @@ def waiting_count() -> int:
     return Step.objects.blocked().count()
 
 
-def question_of(step: Step, effects: list[Effect]) -> Question | None:
-    if step.state != StepState.BLOCKED or not step.question_kind:
-        return None
-    kind = QuestionKind(step.question_kind)
-    shown = questions.requests(step, effects)
-    lines = questions.notes(step, calls_shown=bool(shown))
-    return Question(step, kind, kind.label, lines, shown)
-
-
 def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
     found: dict[int, list[Effect]] = {sid: [] for sid in step_ids}
     for effect in Effect.objects.filter(step_id__in=step_ids).order_by("created_at", "id"):
@@ -116,16 +97,16 @@ def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
     return found
 
 
-def needs_you() -> list[Question]:
+def needs_you() -> list[questions.Question]:
     steps = list(Step.objects.blocked().select_related("task").order_by("task_id", "position"))
     effects = _effects_by_step([s.pk for s in steps])
-    return [q for s in steps if (q := question_of(s, effects[s.pk])) is not None]
+    return [q for s in steps if (q := questions.question(s, effects[s.pk])) is not None]
 
 
 def progress() -> list[Progress]:
     """Each active task's steps done of total and its current step: a few statements for all
     of them, through indexes (open_steps), never a read of their plans."""
-    tasks = list(Task.objects.filter(state__in=ACTIVE).order_by("-id"))
+    tasks = list(Task.objects.open().order_by("-id"))
     ids = [t.pk for t in tasks]
     counts = open_steps.counts(ids)
     current = open_steps.first_open(ids)
@@ -134,15 +115,17 @@ def progress() -> list[Progress]:
 
 
 def recent() -> list[Task]:
-    return list(Task.objects.filter(state__in=FINISHED).order_by("-updated_at", "-id")[:RECENT])
+    return list(
+        Task.objects.filter(state__in=ENDED_TASK_STATES).order_by("-updated_at", "-id")[:RECENT]
+    )
 
 
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
-    questions = needs_you()
+    asked = needs_you()
     context: dict[str, Any] = {
         "can_act": can_act,
-        "questions": questions,
-        "waiting": len(questions),
+        "questions": asked,
+        "waiting": len(asked),
         "running": progress(),
         "recent": recent(),
     }
@@ -155,7 +138,7 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
     return StepView(
         step=step,
         effects=effects,
-        question=question_of(step, effects),
+        question=questions.question(step, effects),
         output=pretty(step.output),
         current=current,
         receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],

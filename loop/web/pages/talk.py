@@ -12,8 +12,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .. import conversation
-from ..models import AuthorKind, Message, Schedule, ScheduleRun
+from ... import conversation
+from ...models import AuthorKind, Message, Schedule, ScheduleRun
 from . import context
 from .respond import actor, answer, can_act
 
@@ -37,7 +37,7 @@ def schedule_rows() -> list[ScheduleRow]:
 
 
 def page_context() -> dict[str, Any]:
-    """What the page and its live pushes render (`loop/live.py` calls this too)."""
+    """What the page and its live pushes render (`loop/web/live.py` calls this too)."""
     shown: list[Message] = conversation.history(limit=SHOWN)
     return {
         "talk": shown,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .models import EventKind
+from ..models import EventKind
 
 WIDTH = 760  # viewBox units; the SVG scales to its box
 LABEL = 150  # left column for step keys

@@ -8,9 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .. import actions, schedules
+from ... import actions, schedules
+from ...models import Origin
 from ..forms import PlanForm
-from ..models import Origin
 from . import context
 from .respond import actor, answer, can_act
 
