@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import journal, lease, rows
+from . import journal, lease, sql
 from .models import Effect, EffectState, EventKind, Step
 from .transitions import Conflict, move_effect, move_effects
 
@@ -149,7 +149,7 @@ def intend_all(sends: list[Send]) -> None:
         return
     ids = {send: effect_id(send.step, send.tool.name, send.args, send.key) for send in sends}
     marks = ", ".join("%s" for _ in sends)
-    found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", list(ids.values()))}
+    found = {e.pk: e for e in sql.load_all(Effect, f"id IN ({marks})", list(ids.values()))}
     new = []
     for send in sends:
         effect = found.get(ids[send])
@@ -165,7 +165,7 @@ def intend_all(sends: list[Send]) -> None:
             send.error = exc
     if new:
         with transaction.atomic(savepoint=False), journal.batched():
-            intents = rows.create_many(Effect, [_intent(send, ids[send]) for send in new])
+            intents = sql.create_many(Effect, [_intent(send, ids[send]) for send in new])
             for send, effect in zip(new, intents, strict=True):
                 effect.step = send.step
                 send.effect = effect

@@ -43,7 +43,7 @@ from . import (
     lease,
     open_steps,
     questions,
-    rows,
+    sql,
     tools,
 )
 from .health import low_disk_reason
@@ -188,7 +188,7 @@ class StepLifecycle:
         self._claimed_at = time.monotonic()  # chaining stops LOOP_CHAIN_SECONDS after it
         ids = [task_id for task_id, _ in claimed]
         marks = ", ".join("%s" for _ in ids)
-        tasks = {task.pk: task for task in rows.load_all(Task, f"id IN ({marks})", ids)}
+        tasks = {task.pk: task for task in sql.load_all(Task, f"id IN ({marks})", ids)}
         steps = _first_open_steps(ids)
         held = [(tasks[task_id], epoch, steps.get(task_id)) for task_id, epoch in claimed]
         self.in_hand = ", ".join(
