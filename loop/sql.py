@@ -113,13 +113,16 @@ def load_all(
     order: str = "",
     for_update: bool = False,
 ) -> list[M]:
-    """Every row matching `where`, in `order`."""
+    """Every row matching `where`, in `order`. The tick reads its claimed tasks with it, the
+    outbox a batch's effects (with the compiler's cost, 0.2-0.8 ms, paid once per shape)."""
     return _fetch(model, _select(model, where, order, for_update, ""), params)
 
 
 def by_ids(model: type[M], ids: Sequence[Any], *, for_update: bool = False) -> list[M]:
     """The rows with these primary keys, in key order (locked in that order with
-    `for_update`, so two workers locking overlapping sets never deadlock)."""
+    `for_update`, so two workers locking overlapping sets never deadlock). The fenced read of
+    every batch commit (lease.fenced_all), once per batch of verdicts: 0.3-0.5 ms, against
+    4-8 ms for `select_for_update().filter(pk__in=…)` on the same busy machine."""
     if not ids:
         return []
     pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
@@ -128,32 +131,6 @@ def by_ids(model: type[M], ids: Sequence[Any], *, for_update: bool = False) -> l
 
 def _marks(values: Sequence[Any]) -> str:
     return ", ".join("%s" for _ in values)
-
-
-def values(
-    model: type[Model],
-    names: tuple[str, ...],
-    where: str,
-    params: Sequence[Any],
-    *,
-    order: str = "",
-) -> list[tuple[Any, ...]]:
-    """These fields of every row matching `where`, in `order`, as the ORM would read them."""
-    sql, conversions = _values(model, names, where, order)
-    return [tuple(row) for row in _read(sql, params, conversions)]
-
-
-@cache
-def _values(
-    model: type[Model], names: tuple[str, ...], where: str, order: str
-) -> tuple[str, list[Conversion]]:
-    fields = [_field(model, name) for name in names]
-    columns = ", ".join(_q(f.column) for f in fields)
-    tail = f" ORDER BY {order}" if order else ""
-    sql = f"SELECT {columns} FROM {_q(model._meta.db_table)} WHERE {where}{tail}"  # noqa: S608
-    by_field = dict(zip(model._meta.concrete_fields, _converters(model), strict=True))
-    selected = [by_field[f] for f in fields]
-    return sql, [(n, col, found) for n, (col, found) in enumerate(selected) if found]
 
 
 @cache
@@ -253,7 +230,10 @@ def _update(
 
 
 def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
-    """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count."""
+    """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count. A
+    released lease (lease.release) at the end of every task's chain of steps: 0.12-0.14 ms,
+    against 1.3-2.0 ms for `objects.filter(pk=…).update(…)` (a microbenchmark on a busy
+    two-core machine, in one transaction)."""
     return update_many(model, [changes], [where])
 
 
@@ -261,7 +241,9 @@ def update_many(
     model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]]
 ) -> int:
     """`update` for several rows, each with its own values for the same columns and
-    conditions, in one statement (executemany); the total row count."""
+    conditions, in one statement (executemany); the total row count. The compare-and-set of
+    every state change (loop.transitions): a batch's starts, verdicts and effect claims, set-
+    wise (commit f17186c), each row's statement prepared once, not compiled."""
     conn = connections["default"]
     conds = tuple((name, value is None) for name, value in where[0].items())
     sql, fields = _update(model, tuple(changes[0]), conds)
@@ -296,7 +278,8 @@ def insert_sql(model: type[Model], names: tuple[str, ...], *, returning: bool = 
 def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
     """New rows from these values (primary keys given) and the model's defaults, as
     `objects.create` would write them (for models without auto_now fields or save()
-    overrides), in one statement."""
+    overrides), in one statement. A batch's effect intents (effects.intend_all), written
+    with the steps' start: one executemany instead of a compiled INSERT per effect."""
     conn = connections["default"]
     objs = [model(**one) for one in values]
     fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]
