@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, journal, open_steps, plans, questions, rows
+from . import calls, journal, open_steps, plans, questions, sql
 from .models import (
     EffectState,
     EventKind,
@@ -138,7 +138,7 @@ def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: st
         )
         for index, spec in enumerate(specs)
     ]
-    rows.insert_all(Step, created)
+    sql.insert_all(Step, created)
     ids = dict(
         Step.objects.filter(
             task=task, position__gte=at, position__lt=at + len(created)

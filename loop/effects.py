@@ -29,7 +29,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import journal, lease, rows
+from . import journal, lease, sql
 from .models import Effect, EffectState, EventKind, Step
 from .outcomes import (
     Busy,
@@ -132,9 +132,7 @@ def intend_all(requests: Sequence[Request]) -> list[Intent]:
     the commit that starts their steps). The intent of each request, in order."""
     if not requests:
         return []
-    marks = ", ".join("%s" for _ in requests)
-    ids = [r.effect_id for r in requests]
-    found = {e.pk: e for e in rows.load_all(Effect, f"id IN ({marks})", ids)}
+    found = {e.pk: e for e in sql.by_ids(Effect, [r.effect_id for r in requests])}
     intents: dict[Request, Effect | Outcome] = {}
     new = []
     for request in requests:
@@ -148,8 +146,8 @@ def intend_all(requests: Sequence[Request]) -> list[Intent]:
         intents[request] = effect if answer is None else answer
     if new:
         with transaction.atomic(savepoint=False), journal.batched():
-            rows_ = rows.create_many(Effect, [_intent(r) for r in new])
-            for request, effect in zip(new, rows_, strict=True):
+            created = sql.create_many(Effect, [_intent(r) for r in new])
+            for request, effect in zip(new, created, strict=True):
                 effect.step = request.step
                 intents[request] = effect
                 journal.record(

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import rows
+from . import sql
 from .models import Effect, Event, EventKind, Step, Task
 
 log = logging.getLogger("loop.journal")
@@ -101,7 +101,6 @@ def batched() -> Iterator[None]:
 
 
 def _write(held: list[list[Any]]) -> None:
-    with connection.cursor() as cursor:
-        cursor.executemany(rows.insert_sql(Event, _COLUMNS, returning=False), held)
+    sql.insert_rows(Event, _COLUMNS, held)
     if _listeners:
         transaction.on_commit(_wake)

@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from . import rows
-from .models import AgentToken, Effect, EffectState, Task, TaskState, Worker
+from . import sql
+from .models import AgentToken, Effect, EffectState, Task, Worker
 
 
 class LeaseLost(Exception):
@@ -27,10 +26,6 @@ class TaskGone(LeaseLost):
     """The task was deleted while its step ran."""
 
 
-def _db(value: datetime) -> Any:
-    return connection.ops.adapt_datetimefield_value(value)
-
-
 def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     """Claim one runnable task whose lease is free: (task id, new epoch), or None."""
     claimed = claim_many(owner, 1, seconds=seconds)
@@ -38,32 +33,14 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
 
 
 def claim_many(owner: int, count: int, *, seconds: int | None = None) -> list[tuple[int, int]]:
-    """Claim up to `count` runnable tasks whose leases are free; (task id, new epoch) of each,
-    least-claimed first.
-
-    One UPDATE … WHERE id IN (SELECT … LIMIT count) AND lease free … RETURNING: a row is
-    claimed only if nobody holds it, even when the subquery raced another worker. Least-claimed
-    first (every claim bumps the epoch), so a long task cannot starve the others. Uses index
-    task_claim (state, lease_epoch, id).
-    """
+    """Claim up to `count` running, claimable tasks in one statement (`sql.claim_free_tasks`);
+    (task id, new epoch) of each, least-claimed first (every claim bumps the epoch), so a long
+    task cannot starve the others."""
     now = timezone.now()
     until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
-    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
-    free = "(lease_until IS NULL OR lease_until < %s)"
-    sql = (  # only constant fragments are formatted in
-        f"UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "  # noqa: S608
-        f"WHERE id IN (SELECT id FROM loop_task WHERE state = %s AND {free} "
-        f"AND (run_after IS NULL OR run_after <= %s) ORDER BY lease_epoch, id LIMIT %s"
-        f"{skip_locked}) AND {free} RETURNING id, lease_epoch"
-    )
-    params = [owner, _db(until), TaskState.RUNNING, _db(now), _db(now), count, _db(now)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.fetchall()
+    found = sql.claim_free_tasks(owner, count, now=now, until=until)
     # In the order the subquery chose them (each epoch is one more than it was).
-    return sorted(
-        ((int(i), int(e)) for i, e in found), key=lambda claimed: (claimed[1], claimed[0])
-    )
+    return sorted(found, key=lambda claimed: (claimed[1], claimed[0]))
 
 
 def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:
@@ -72,18 +49,7 @@ def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:
     may claim again a task it holds: the epoch moves on and its older lease token goes stale.
     """
     now = timezone.now()
-    until = now + timedelta(seconds=seconds)
-    sql = (
-        "UPDATE loop_task SET lease_owner = %s, lease_until = %s, lease_epoch = lease_epoch + 1 "
-        "WHERE id = %s AND state = %s "
-        "AND (lease_until IS NULL OR lease_until < %s OR lease_owner = %s) "
-        "AND (run_after IS NULL OR run_after <= %s) RETURNING lease_epoch"
-    )
-    params = [owner, _db(until), task_id, TaskState.RUNNING, _db(now), owner, _db(now)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return int(row[0]) if row else None
+    return sql.claim_one_task(task_id, owner, now=now, until=now + timedelta(seconds=seconds))
 
 
 def fenced(task_id: int, owner: int, epoch: int) -> Task:
@@ -98,10 +64,7 @@ def fenced(task_id: int, owner: int, epoch: int) -> Task:
 def fenced_all(owner: int, held: list[tuple[int, int]]) -> dict[int, Task | LeaseLost]:
     """`fenced` for several (task id, epoch) at once, with one statement: each task, or why
     its lease is no longer `owner`'s. Locks in id order, so two workers never deadlock."""
-    marks = ", ".join("%s" for _ in held)
-    tasks = rows.load_all(
-        Task, f"id IN ({marks})", [task_id for task_id, _ in held], order="id", for_update=True
-    )
+    tasks = sql.by_ids(Task, [task_id for task_id, _ in held], for_update=True)
     found = {task.pk: task for task in tasks}
     result: dict[int, Task | LeaseLost] = {}
     for task_id, epoch in held:
@@ -149,7 +112,7 @@ def let_go(task_id: int, owner: int) -> bool:
 def release(task: Task) -> None:
     """Give the lease up (inside the caller's fenced transaction). The epoch stays: the next
     claim bumps it."""
-    rows.update(Task, {"lease_owner": None, "lease_until": None}, {"id": task.pk})
+    sql.update(Task, {"lease_owner": None, "lease_until": None}, {"id": task.pk})
     task.lease_owner = None
     task.lease_until = None
 

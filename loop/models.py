@@ -6,6 +6,8 @@ State fields are written only through `loop.transitions` (compare-and-set, check
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -120,9 +122,31 @@ class Origin(models.TextChoices):
 ENDED_TASK_STATES = tuple(s for s in TaskState if s in TASK.terminal)
 
 
+def lease_free_at(now: datetime) -> models.Q:
+    """Nobody holds the task's lease at `now`: never taken, released, or run out."""
+    return models.Q(lease_until__isnull=True) | models.Q(lease_until__lt=now)
+
+
+def retry_due_at(now: datetime) -> models.Q:
+    """The task waits for no retry after `now` (`run_after`)."""
+    return models.Q(run_after__isnull=True) | models.Q(run_after__lte=now)
+
+
+def claimable_at(now: datetime) -> models.Q:
+    """The one "claimable" rule: the lease is free and any retry is due. The claim statements
+    (`loop.sql.claim_free_tasks`, `claim_one_task`) are compiled from these same conditions;
+    the ORM's form is `Task.objects.claimable()`."""
+    return lease_free_at(now) & retry_due_at(now)
+
+
 class TaskQuerySet(models.QuerySet["Task"]):
     def running(self) -> TaskQuerySet:
         return self.filter(state=TaskState.RUNNING)
+
+    def claimable(self, now: datetime | None = None) -> TaskQuerySet:
+        """Running tasks a worker may claim now (`claimable_at`): an idle worker's cheap look
+        before it takes the write lock to claim."""
+        return self.running().filter(claimable_at(now or timezone.now()))
 
     def open(self) -> TaskQuerySet:
         return self.exclude(state__in=ENDED_TASK_STATES)
@@ -157,9 +181,11 @@ class Task(models.Model):
 
     class Meta:
         indexes = [
-            # lease.claim: state='running' AND lease free AND run_after due,
-            # ORDER BY lease_epoch, id.
+            # The claim (sql.claim_free_tasks, for lease.claim_many): state='running' AND
+            # claimable, ORDER BY lease_epoch, id; and an idle worker's look before it
+            # (Task.objects.claimable().exists()).
             models.Index(fields=["state", "lease_epoch", "id"], name="task_claim"),
+            # Boot reconciliation finds and releases a dead worker's leases (boot.reconcile).
             models.Index(fields=["lease_owner"], name="task_lease_owner"),
         ]
 
@@ -172,15 +198,24 @@ class Task(models.Model):
         return self.state in TASK.terminal
 
 
-# Neither done nor failed: the steps still to run (the partial index step_open, whose
-# condition lists them in this order).
+# Neither done nor failed: the steps still to run, in plan order (`states.STEP` decides which
+# they are). One rule for the partial index step_open (its condition), `Step.objects.open()`
+# and the statement that reads each task's first open step (sql.first_open_steps, compiled
+# from OPEN_STEP and OPEN_STEP_ORDER).
 OPEN_STEP_STATES = tuple(s for s in StepState if s not in STEP.terminal)
+OPEN_STEP = models.Q(state__in=OPEN_STEP_STATES)
+OPEN_STEP_ORDER = ("position",)
+# The partial index step_failed's condition, and `Step.objects.failed()`.
+FAILED_STEP = models.Q(state=StepState.FAILED)
 
 
 class StepQuerySet(models.QuerySet["Step"]):
     def open(self) -> StepQuerySet:
         """Neither done nor failed: the loop's candidates, in plan order."""
-        return self.filter(state__in=OPEN_STEP_STATES).order_by("position")
+        return self.filter(OPEN_STEP).order_by(*OPEN_STEP_ORDER)
+
+    def failed(self) -> StepQuerySet:
+        return self.filter(FAILED_STEP)
 
     def blocked(self) -> StepQuerySet:
         return self.filter(state=StepState.BLOCKED)
@@ -224,22 +259,17 @@ class Step(models.Model):
             models.UniqueConstraint(fields=["task", "position"], name="step_position_unique"),
         ]
         indexes = [
+            # The dashboard's "Needs you": every blocked step (Step.objects.blocked()).
             models.Index(fields=["state"], name="step_state"),
-            # A task's first open step, and how many it has left (tick._first_open_steps,
-            # actions.follow, the dashboard's progress and current step): partial, so it holds
-            # only the steps still to run and the lookup never walks a task's done steps.
-            models.Index(
-                fields=["task", "position"],
-                condition=models.Q(state__in=OPEN_STEP_STATES),
-                name="step_open",
-            ),
-            # Whether a task that has nothing left to run failed (actions.follow), and the
-            # dashboard's count of failed steps: failed steps are few.
-            models.Index(
-                fields=["task", "position"],
-                condition=models.Q(state=StepState.FAILED),
-                name="step_failed",
-            ),
+            # A task's first open step, and how many it has left (sql.first_open_steps and
+            # sql.step_counts, through open_steps: the tick's next step, actions.follow, the
+            # dashboard's progress and current step): partial, so it holds only the steps
+            # still to run and the lookup never walks a task's done steps.
+            models.Index(fields=["task", "position"], condition=OPEN_STEP, name="step_open"),
+            # Whether a task that has nothing left to run failed (sql.has_unwaived_failure,
+            # for actions.follow), and the dashboard's count of failed steps (sql.step_counts):
+            # failed steps are few.
+            models.Index(fields=["task", "position"], condition=FAILED_STEP, name="step_failed"),
         ]
         permissions = [("confirm_step", "Can answer a blocked step's question")]
 
@@ -338,6 +368,7 @@ class Worker(models.Model):
     last_error_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        # The live workers (health.problems; boot.dead_workers reads those not yet dead).
         indexes = [models.Index(fields=["state", "last_seen"], name="worker_alive")]
 
     def __str__(self) -> str:

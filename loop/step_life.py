@@ -48,7 +48,7 @@ from . import (
     lease,
     open_steps,
     questions,
-    rows,
+    sql,
     tools,
 )
 from .effects import Holder
@@ -153,8 +153,7 @@ def begin(
     tasks' rows and first open steps are read with a statement each. Once `room` is used up,
     a further side-effect step is left for a later tick (`DEFERRED`, its lease let go)."""
     ids = [task_id for task_id, _ in claimed]
-    marks = ", ".join("%s" for _ in ids)
-    tasks = {task.pk: task for task in rows.load_all(Task, f"id IN ({marks})", ids)}
+    tasks = {task.pk: task for task in sql.by_ids(Task, ids)}
     steps = open_steps.first_open(ids)
     now = time.monotonic()
     held = [Held(tasks[task_id], holder, steps.get(task_id), now) for task_id, holder in claimed]

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import journal, rows
+from . import journal, sql
 from .models import Effect, EventKind, Step, Task
 from .states import EFFECT, STEP, TASK
 
@@ -43,7 +43,7 @@ def _cas_all(
     matches = [
         {pk: obj.pk, "state": obj.state, **match} for obj, match in zip(objs, where, strict=True)
     ]
-    if rows.update_many(model, changes, matches) != len(objs):
+    if sql.update_many(model, changes, matches) != len(objs):
         raise Conflict(", ".join(f"{obj} is no longer {obj.state}" for obj in objs))
     for obj, change in zip(objs, changes, strict=True):
         for name, value in change.items():

@@ -23,7 +23,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from . import effects, journal, lease, prune, schedules, step_life
@@ -271,7 +270,7 @@ class Worker:
         batch: list[Started] = []
         try:
             # A cheap read first, so an idle worker does not take the write lock every poll.
-            if not self._found_work and not Task.objects.running().filter(lease_free_q()).exists():
+            if not self._found_work and not Task.objects.claimable().exists():
                 return False
             begun = self.claim_batch()
             self._found_work = bool(begun)
@@ -406,11 +405,3 @@ class Worker:
         log.error(message)
         self.unrecorded_error = message
         return message
-
-
-def lease_free_q() -> Q:
-    """Claimable now: the lease is free and any retry is due (the claim's own conditions)."""
-    now = timezone.now()
-    return (Q(lease_until__isnull=True) | Q(lease_until__lt=now)) & (
-        Q(run_after__isnull=True) | Q(run_after__lte=now)
-    )

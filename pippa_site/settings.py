@@ -197,6 +197,13 @@ PIPPA_TOKEN_IP_LIMIT = env_int("PIPPA_TOKEN_IP_LIMIT", 20)  # wrong agent tokens
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# The test switch: pytest sets PYTEST_VERSION for its run (the processes a test starts inherit
+# it) and nothing else does. Under it, and only under it, passwords use a fast hasher, so the
+# many logins of the tests do not each pay PBKDF2's deliberate cost; everywhere else Django's
+# strong default stands (tests/test_password_hashers.py).
+TESTING = "PYTEST_VERSION" in os.environ
+if TESTING:
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "loop:home"
 LOGOUT_REDIRECT_URL = "login"

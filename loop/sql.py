@@ -1,0 +1,503 @@
+"""The loop's hot statements, written by hand, in one place; everything else uses the ORM.
+
+Why by hand: Django's query compiler costs 0.2-0.8 ms per statement, against a durable commit
+of 0.1-0.3 ms on SQLite, and the loop runs three to four statements per read-only step (commit
+b8e0da5 and bench/loop_overhead.py, whose target is a no-op step at or above raw two-commit
+SQLite transactions). The generic helpers below build each statement once per shape and
+convert values with the model fields' own converters, so rows read and written here are
+exactly what the ORM would read and write. The named statements after them say each which
+query it serves and why the ORM cannot (or may not) write it. Table and column names come
+from the models' `_meta`, conditions from the models' own rules (`models.claimable_at`,
+`OPEN_STEP`, `FAILED_STEP`), compiled by the ORM once.
+
+Everything runs in the caller's transaction; nothing here decides whether a change is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connection, connections, models
+from django.db.models import Field, Model, Q
+from django.db.models.sql.query import Query
+
+from .models import (
+    FAILED_STEP,
+    OPEN_STEP,
+    OPEN_STEP_ORDER,
+    Step,
+    Task,
+    TaskState,
+    claimable_at,
+    lease_free_at,
+    retry_due_at,
+)
+
+M = TypeVar("M", bound=Model)
+Converter = Callable[[Any, Any, Any], Any]
+Conversion = tuple[int, Any, list[Converter]]  # a column's position, the column, its converters
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+@cache
+def _select(model: type[Model], where: str, order: str, for_update: bool, limit: str) -> str:
+    meta = model._meta
+    columns = ", ".join(_q(f.column) for f in meta.concrete_fields)
+    lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
+    tail = f" ORDER BY {order}" if order else ""
+    return f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {where}{tail}{limit}{lock}"  # noqa: S608
+
+
+@cache
+def _converters(model: type[Model]) -> list[tuple[Any, list[Converter]]]:
+    table = model._meta.db_table
+    result = []
+    for field in model._meta.concrete_fields:
+        col = field.get_col(table)
+        found = [*connection.ops.get_db_converters(col), *field.get_db_converters(connection)]  # type: ignore[attr-defined]
+        if isinstance(field, models.DateTimeField) and found:
+            found = [_remembering(found)]
+        result.append((col, found))
+    return result
+
+
+def _remembering(converters: list[Converter]) -> Converter:
+    """These converters in turn, remembering what they made of recent values. The same stored
+    text comes back again and again (a task's `created_at` on each of its reads, the
+    `lease_until` a batch's claims share), and a datetime is immutable, so one parse serves
+    every read of it."""
+    seen: dict[Any, Any] = {}
+
+    def convert(value: Any, expression: Any, conn: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return seen[value]
+        except KeyError:
+            pass
+        result = value
+        for one in converters:
+            result = one(result, expression, conn)
+        if len(seen) >= 4096:
+            seen.clear()
+        seen[value] = result
+        return result
+
+    return convert
+
+
+def load(
+    model: type[M],
+    where: str,
+    params: Sequence[Any],
+    *,
+    order: str = "",
+    for_update: bool = False,
+) -> M | None:
+    """The first row matching `where` (SQL over column names, %s placeholders), or None."""
+    found = _fetch(model, _select(model, where, order, for_update, " LIMIT 1"), params)
+    return found[0] if found else None
+
+
+def load_all(
+    model: type[M],
+    where: str,
+    params: Sequence[Any],
+    *,
+    order: str = "",
+    for_update: bool = False,
+) -> list[M]:
+    """Every row matching `where`, in `order`. The tick reads its claimed tasks with it, the
+    outbox a batch's effects (with the compiler's cost, 0.2-0.8 ms, paid once per shape)."""
+    return _fetch(model, _select(model, where, order, for_update, ""), params)
+
+
+def by_ids(model: type[M], ids: Sequence[Any], *, for_update: bool = False) -> list[M]:
+    """The rows with these primary keys, in key order (locked in that order with
+    `for_update`, so two workers locking overlapping sets never deadlock). The fenced read of
+    every batch commit (lease.fenced_all), once per batch of verdicts: 0.3-0.5 ms, against
+    4-8 ms for `select_for_update().filter(pk__in=…)` on the same busy machine."""
+    if not ids:
+        return []
+    pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
+    return load_all(model, f"{pk} IN ({_marks(ids)})", ids, order=pk, for_update=for_update)
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("%s" for _ in values)
+
+
+@cache
+def _conversions(model: type[Model]) -> list[Conversion]:
+    """(position, column, converters) of the model's columns that need converting."""
+    return [(n, col, found) for n, (col, found) in enumerate(_converters(model)) if found]
+
+
+def _read(sql: str, params: Sequence[Any], conversions: list[Conversion]) -> list[list[Any]]:
+    """The rows `sql` selects, each value converted as the ORM would."""
+    conn = connections["default"]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        found = cursor.fetchall()
+    result = []
+    for row in found:
+        values = list(row)
+        for n, col, converters in conversions:
+            value = values[n]
+            for convert in converters:
+                value = convert(value, col, conn)
+            values[n] = value
+        result.append(values)
+    return result
+
+
+def _fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+    alias = connections["default"].alias
+    return [
+        model.from_db(alias, None, values)  # type: ignore[arg-type, misc]
+        for values in _read(sql, params, _conversions(model))
+    ]
+
+
+@cache
+def _field(model: type[Model], name: str) -> Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.concrete, f"{model.__name__}.{name}"
+    return field
+
+
+Kind = tuple[type | None, str]
+
+
+@cache
+def _kind(field: Field[Any, Any]) -> Kind:
+    """The plain Python type the database takes as it is for this field (if any), and how
+    other values are adapted: "datetime", "json" or "field" (the field's own way)."""
+    if isinstance(field, models.CharField | models.TextField):
+        return str, "field"
+    if isinstance(field, models.IntegerField | models.BooleanField):
+        return int, "field"  # bool is an int
+    if isinstance(field, models.DateTimeField):
+        return None, "datetime"
+    if isinstance(field, models.JSONField):
+        return None, "json"
+    return None, "field"
+
+
+_last_datetime: tuple[Any, str, Any] = (None, "", None)
+
+
+def _prep(field: Field[Any, Any], value: Any, conn: Any, kind: Kind | None = None) -> Any:
+    """The value as the database takes it, as `field.get_db_prep_save` would give it."""
+    plain, how = kind or _kind(field)
+    if value is None or (plain is not None and isinstance(value, plain)):
+        return value
+    if how == "datetime" and isinstance(value, datetime) and value.tzinfo is not None:
+        global _last_datetime
+        last = _last_datetime  # one `now` is often written to several rows and fields
+        if last[0] is value and last[1] == conn.vendor:
+            return last[2]
+        adapted = conn.ops.adapt_datetimefield_value(value)
+        _last_datetime = (value, conn.vendor, adapted)
+        return adapted
+    if how == "json" and not hasattr(value, "as_sql"):
+        return conn.ops.adapt_json_value(value, field.encoder)  # type: ignore[attr-defined]
+    if isinstance(value, Model):
+        value = value.pk
+    return field.get_db_prep_save(value, conn)
+
+
+@cache
+def _update(
+    model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]
+) -> tuple[str, list[tuple[Field[Any, Any], Kind]]]:
+    """The statement, and the fields of its parameters in order (with their kinds)."""
+    sets = ", ".join(f"{_q(_field(model, n).column)} = %s" for n in names)
+    conds = " AND ".join(
+        f"{_q(_field(model, n).column)} IS NULL" if null else f"{_q(_field(model, n).column)} = %s"
+        for n, null in where
+    )
+    fields = [_field(model, n) for n in names]
+    fields += [_field(model, n) for n, null in where if not null]
+    sql = f"UPDATE {_q(model._meta.db_table)} SET {sets} WHERE {conds}"  # noqa: S608
+    return sql, [(f, _kind(f)) for f in fields]
+
+
+def update(model: type[Model], changes: dict[str, Any], where: dict[str, Any]) -> int:
+    """UPDATE … SET changes WHERE where (equality, or IS NULL for None); the row count. A
+    released lease (lease.release) at the end of every task's chain of steps: 0.12-0.14 ms,
+    against 1.3-2.0 ms for `objects.filter(pk=…).update(…)` (a microbenchmark on a busy
+    two-core machine, in one transaction)."""
+    return update_many(model, [changes], [where])
+
+
+def update_many(
+    model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]]
+) -> int:
+    """`update` for several rows, each with its own values for the same columns and
+    conditions, in one statement (executemany); the total row count. The compare-and-set of
+    every state change (loop.transitions): a batch's starts, verdicts and effect claims, set-
+    wise (commit f17186c), each row's statement prepared once, not compiled."""
+    conn = connections["default"]
+    conds = tuple((name, value is None) for name, value in where[0].items())
+    sql, fields = _update(model, tuple(changes[0]), conds)
+    params = []
+    for sets, match in zip(changes, where, strict=True):
+        assert tuple(sets) == tuple(changes[0]), "one statement: the same columns for every row"
+        assert tuple((n, v is None) for n, v in match.items()) == conds, "and the same conditions"
+        values = [*sets.values(), *(v for v in match.values() if v is not None)]
+        params.append(
+            [
+                value if type(value) is kind[0] else _prep(field, value, conn, kind)
+                for (field, kind), value in zip(fields, values, strict=True)
+            ]
+        )
+    with conn.cursor() as cursor:
+        if len(params) == 1:
+            cursor.execute(sql, params[0])
+        else:
+            cursor.executemany(sql, params)
+        return cursor.rowcount
+
+
+@cache
+def insert_sql(model: type[Model], names: tuple[str, ...], *, returning: bool = True) -> str:
+    columns = ", ".join(_q(_field(model, n).column) for n in names)
+    marks = ", ".join("%s" for _ in names)
+    pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
+    tail = f" RETURNING {pk}" if returning else ""
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}){tail}"  # noqa: S608
+
+
+def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
+    """New rows from these values (primary keys given) and the model's defaults, as
+    `objects.create` would write them (for models without auto_now fields or save()
+    overrides), in one statement. A batch's effect intents (effects.intend_all), written
+    with the steps' start: one executemany instead of a compiled INSERT per effect."""
+    conn = connections["default"]
+    objs = [model(**one) for one in values]
+    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]
+    names = tuple(f.name for f in model._meta.concrete_fields)
+    params = [
+        [
+            v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
+            for f, at, kind in fields
+        ]
+        for obj in objs
+    ]
+    insert_rows(model, names, params)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = conn.alias
+    return objs
+
+
+def insert_all(model: type[M], objs: list[M]) -> None:
+    """INSERT these new objects, their primary keys left to the database, with one
+    executemany of one prepared statement (Django's bulk_create compiles every row's values
+    anew: 0.1 ms a row). The objects' pks are not set: read them back by a unique key."""
+    conn = connections["default"]
+    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields if not f.primary_key]
+    names = tuple(f.name for f, _, _ in fields)
+    params = [
+        [
+            v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
+            for f, at, kind in fields
+        ]
+        for obj in objs
+    ]
+    insert_rows(model, names, params)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = conn.alias
+
+
+def insert_rows(model: type[Model], names: tuple[str, ...], params: list[list[Any]]) -> None:
+    """INSERT these rows' values, already as the database takes them, for the fields `names`,
+    with one executemany of one cached statement. The journal writes each event with it
+    (`journal.record`, a batch's events at once in `journal.batched`): several per step, each
+    of which `Event.objects.create` would compile anew (commit 0ccbeae)."""
+    with connections["default"].cursor() as cursor:
+        cursor.executemany(insert_sql(model, names, returning=False), params)
+
+
+# ---- conditions: the models' rules, compiled by the ORM once --------------------------------
+
+
+_SOME_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@cache
+def _timed(model: type[Model], rule: Callable[[datetime], Q], vendor: str) -> tuple[str, int]:
+    """The WHERE fragment the ORM writes for `rule(now)` over `model`'s columns, and how many
+    parameters it takes (each of them is `now`). Compiled once: 0.5 ms each time otherwise."""
+    query = Query(model=model, alias_cols=False)
+    where = query.build_where(rule(_SOME_TIME))
+    sql, params = where.as_sql(query.get_compiler(connection=connection), connection)
+    some_time = connection.ops.adapt_datetimefield_value(_SOME_TIME)
+    assert all(p == some_time for p in params), f"{rule.__name__}: parameters other than now"
+    return f"({sql})", len(params)
+
+
+@cache
+def _literal(model: type[Model], condition: Q, vendor: str) -> str:
+    """The WHERE fragment of `condition` with its values written in, exactly as a partial
+    index's own condition is written (Django's `Index._get_condition_sql`): a partial index
+    serves a query only when the planner sees that the query's WHERE implies the index's, and
+    neither SQLite nor PostgreSQL proves that through a bound parameter."""
+    query = Query(model=model, alias_cols=False)
+    where = query.build_where(condition)
+    sql, params = where.as_sql(query.get_compiler(connection=connection), connection)
+    editor = connection.SchemaEditorClass(connection)
+    return f"({sql % tuple(editor.quote_value(p) for p in params)})"
+
+
+def _col(model: type[Model], name: str) -> str:
+    return _q(_field(model, name).column)
+
+
+# ---- leases (loop.lease) -------------------------------------------------------------------
+
+
+@cache
+def _claim_free_sql(vendor: str) -> tuple[str, int, int]:
+    t, pk, epoch = _q(Task._meta.db_table), _col(Task, "id"), _col(Task, "lease_epoch")
+    claimable, n_claimable = _timed(Task, claimable_at, vendor)
+    free, n_free = _timed(Task, lease_free_at, vendor)
+    skip_locked = (
+        " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    )
+    sql = (
+        f"UPDATE {t} SET {_col(Task, 'lease_owner')} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
+        f"{epoch} = {epoch} + 1 WHERE {pk} IN (SELECT {pk} FROM {t} "
+        f"WHERE {_col(Task, 'state')} = %s AND {claimable} ORDER BY {epoch}, {pk} LIMIT %s"
+        f"{skip_locked}) AND {free} RETURNING {pk}, {epoch}"
+    )
+    return sql, n_claimable, n_free
+
+
+def claim_free_tasks(
+    owner: int, count: int, *, now: datetime, until: datetime
+) -> list[tuple[int, int]]:
+    """Claim for `owner`, until `until`, up to `count` running tasks claimable at `now`
+    (`models.claimable_at`), least-claimed first; (task id, new epoch) of each, in no order.
+
+    Serves every worker's claim (lease.claim_many). By hand because the claim is one
+    statement (DESIGN.md §4): UPDATE … WHERE id IN (SELECT … LIMIT count) AND the lease still
+    free … RETURNING, so a row is claimed only if nobody holds it even when the subquery raced
+    another worker, and the ORM writes no UPDATE … RETURNING. On PostgreSQL the subquery skips
+    rows another claim has locked. Through the index task_claim (state, lease_epoch, id).
+    """
+    sql, n_claimable, n_free = _claim_free_sql(connection.vendor)
+    at, until_db = _db(now), _db(until)
+    params = [owner, until_db, TaskState.RUNNING, *[at] * n_claimable, count, *[at] * n_free]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(int(i), int(e)) for i, e in cursor.fetchall()]
+
+
+@cache
+def _claim_one_sql(vendor: str) -> tuple[str, int, int]:
+    t, epoch, owner = _q(Task._meta.db_table), _col(Task, "lease_epoch"), _col(Task, "lease_owner")
+    free, n_free = _timed(Task, lease_free_at, vendor)
+    due, n_due = _timed(Task, retry_due_at, vendor)
+    sql = (
+        f"UPDATE {t} SET {owner} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
+        f"{epoch} = {epoch} + 1 WHERE {_col(Task, 'id')} = %s AND {_col(Task, 'state')} = %s "
+        f"AND ({free} OR {owner} = %s) AND {due} RETURNING {epoch}"
+    )
+    return sql, n_free, n_due
+
+
+def claim_one_task(task_id: int, owner: int, *, now: datetime, until: datetime) -> int | None:
+    """Claim this running task for `owner` until `until` if its lease is free at `now` or
+    already `owner`'s, and any retry is due (`models.claimable_at`, or held by the owner); the
+    new epoch, or None.
+
+    Serves an API agent's `next` (lease.claim_task). By hand for the reason of
+    `claim_free_tasks`: one statement that reads back the epoch it wrote (UPDATE … RETURNING).
+    Through the primary key."""
+    sql, n_free, n_due = _claim_one_sql(connection.vendor)
+    at = _db(now)
+    params = [owner, _db(until), task_id, TaskState.RUNNING, *[at] * n_free, owner, *[at] * n_due]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def _db(value: datetime) -> Any:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+# ---- where a task stands in its plan (loop.open_steps) --------------------------------------
+
+
+def first_open_steps(task_ids: list[int]) -> list[Step]:
+    """Each task's first open step: `Step.objects.open()` (the conditions `OPEN_STEP` and
+    order `OPEN_STEP_ORDER`), its first row per task, with one statement: per task, one
+    descent of the partial index step_open (task, position) to its first entry.
+
+    Serves open_steps.first_open: the tick's next step after every verdict, actions.follow,
+    the dashboard's current step. By hand because the states must be written in as literals
+    (`_literal`) for the partial index to serve it, so a step's cost does not grow with its
+    task's history (tests/test_big_tasks.py), and the compiler's 0.2-0.8 ms is paid once."""
+    if not task_ids:
+        return []
+    return load_all(Step, _first_open_where(len(task_ids)), task_ids)
+
+
+@cache
+def _first_open_where(count: int) -> str:
+    step, task = _q(Step._meta.db_table), _q(Task._meta.db_table)
+    step_pk, task_pk = _q(Step._meta.pk.column), _q(Task._meta.pk.column)  # type: ignore[union-attr]
+    order = ", ".join(_col(Step, name) for name in OPEN_STEP_ORDER)
+    return (
+        f"{step_pk} IN (SELECT (SELECT {step}.{step_pk} FROM {step} "  # noqa: S608
+        f"WHERE {step}.{_col(Step, 'task')} = {task}.{task_pk} "
+        f"AND {_literal(Step, OPEN_STEP, connection.vendor)} ORDER BY {order} LIMIT 1) "
+        f"FROM {task} WHERE {task}.{task_pk} IN ({_marks(range(count))}))"
+    )
+
+
+UNWAIVED_FAILURE = FAILED_STEP & Q(waived=False)  # a failed step that still counts
+
+
+def has_unwaived_failure(task_id: int) -> bool:
+    """Whether a failed step of the task still counts against it (not waived by a resume or
+    a replacement). Serves actions.follow when a task has nothing left to run. By hand for
+    the literal state (`_literal`): it seeks the partial index step_failed, which holds failed
+    steps only, never the task's done ones."""
+    sql = (
+        f"SELECT 1 FROM {_q(Step._meta.db_table)} WHERE {_col(Step, 'task')} = %s "  # noqa: S608
+        f"AND {_literal(Step, UNWAIVED_FAILURE, connection.vendor)} LIMIT 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [task_id])
+        return cursor.fetchone() is not None
+
+
+def step_counts(task_ids: list[int]) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """For each of these tasks: how many steps it has, how many are open, how many failed and
+    not waived; three small statements, through the (task, position) unique index, step_open
+    and step_failed. Serves the dashboard's progress (open_steps.counts). By hand for the
+    literal states (`_literal`), so big tasks' done steps are never read."""
+    table, task, marks = _q(Step._meta.db_table), _col(Step, "task"), _marks(task_ids)
+    parts = []
+    with connection.cursor() as cursor:
+        for condition in (None, OPEN_STEP, UNWAIVED_FAILURE):
+            extra = f" AND {_literal(Step, condition, connection.vendor)}" if condition else ""
+            cursor.execute(
+                f"SELECT {task}, COUNT(*) FROM {table} "  # noqa: S608
+                f"WHERE {task} IN ({marks}){extra} GROUP BY {task}",
+                task_ids,
+            )
+            parts.append({int(t): int(n) for t, n in cursor.fetchall()})
+    total, still_open, failed = parts
+    return total, still_open, failed
