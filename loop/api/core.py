@@ -292,7 +292,7 @@ def _prepare(call: Call) -> None:
     call.command_id = key
     call.scope = f"{request.method} {request.path}"
     call.body_digest = hashlib.sha256(body).hexdigest()
-    stored = _replay(call)
+    stored = replay(call)
     if stored is not None:
         raise Replayed(stored)
 
@@ -321,7 +321,7 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
             except IntegrityError:
                 # The same command id committed meanwhile by a concurrent request: its answer
                 # stands, and what this one did was rolled back with the failed receipt.
-                stored = _replay(call)
+                stored = replay(call)
                 if stored is None:
                     raise
                 return stored
@@ -334,7 +334,7 @@ def command(*, atomic: bool = True) -> Callable[[View], View]:
     return decorate
 
 
-def _replay(call: Call) -> HttpResponse | None:
+def replay(call: Call) -> HttpResponse | None:
     receipt = Receipt.objects.filter(agent=call.agent, command_id=call.command_id).first()
     if receipt is None:
         return None

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path, re_path
 from django.views.decorators.csrf import csrf_exempt
@@ -15,7 +16,18 @@ from ninja import NinjaAPI, Router
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
-from .core import MAX_ID, NEEDS_BEARER, REFUSALS, NoAgent, Replayed, error, parse_body, refusal
+from .core import (
+    MAX_ID,
+    NEEDS_BEARER,
+    REFUSALS,
+    Call,
+    NoAgent,
+    Replayed,
+    error,
+    parse_body,
+    refusal,
+    replay,
+)
 
 PREFIX = "api/"
 
@@ -129,15 +141,25 @@ def _replayed(request: HttpRequest, exc: Replayed) -> HttpResponse:
     return exc.response
 
 
+def _kept(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """A command refused for its body before its view ran: the refusal is its answer, kept
+    as its receipt like any other (DESIGN.md §7), so the same key can't run another body."""
+    call = getattr(request, "auth", None)
+    if not isinstance(call, Call) or not call.command_id:
+        return response
+    try:
+        with transaction.atomic():
+            return call.keep(response)
+    except IntegrityError:  # the same command id, stored meanwhile by a concurrent request
+        return replay(call) or response
+
+
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     # ninja wraps what the parser raised ("Cannot parse request body"): answer the cause.
     cause = exc.__cause__
-    if isinstance(cause, Exception):
-        refused = refusal(cause)
-        if refused is not None:
-            return refused
-    return error(exc.status_code, f"body: {exc}")
+    refused = refusal(cause) if isinstance(cause, Exception) else None
+    return _kept(request, refused or error(exc.status_code, f"body: {exc}"))
 
 
 @api.exception_handler(ValidationError)
@@ -145,7 +167,7 @@ def _invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     """ninja's 422 list of pydantic errors, as one 400 naming the first field (and `errors`
     naming each)."""
     said = [f"{_where(e['loc'])}: {_problem(e)}" for e in exc.errors]
-    return error(400, said[0], errors=said)
+    return _kept(request, error(400, said[0], errors=said))
 
 
 def _where(loc: tuple[Any, ...] | list[Any]) -> str:
