@@ -258,8 +258,8 @@ def test_a_concurrent_duplicate_is_rolled_back_and_answered_as_the_first(
         looked.append(call.command_id)
         return None if len(looked) == 1 else replay(call)
 
-    replay = core._replay
-    monkeypatch.setattr(core, "_replay", too_early)
+    replay = core.replay
+    monkeypatch.setattr(core, "replay", too_early)
     again = pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="twice")
     assert again.json() == first.json()
     assert Task.objects.get(pk=task.pk).state == "running"  # its pause went with its receipt

@@ -208,10 +208,10 @@ def _problem(e: dict[str, Any]) -> str:
         return f"must be {ctx.get('ge')} or more"
     if kind == "less_than_equal":
         return f"must be {ctx.get('le')} or less"
-    if kind == "string_too_short":
-        return f"must be at least {ctx.get('min_length')} characters"
-    if kind == "string_too_long":
-        return f"must be at most {ctx.get('max_length')} characters"
+    if kind in ("string_too_short", "string_too_long"):
+        n = ctx.get("min_length", ctx.get("max_length"))
+        bound = "at least" if kind == "string_too_short" else "at most"
+        return f"must be {bound} {n} character{'s' * (n != 1)} long"
     return str(e.get("msg", "invalid"))
 
 
