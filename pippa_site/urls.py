@@ -3,6 +3,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from loop.api.site import urlpatterns as api_urls
 from loop.web.pages.login import LoginView
 
 urlpatterns = [
@@ -11,5 +12,7 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("loop/favicon.svg"), permanent=True)),
     path("accounts/login/", LoginView.as_view(), name="login"),  # throttled; before auth.urls
     path("accounts/", include("django.contrib.auth.urls")),
+    # The HTTP API (loop/api/, django-ninja): token auth, JSON, no trailing slashes.
+    *api_urls(),
     path("", include("loop.urls")),
 ]

@@ -18,10 +18,12 @@ from django.test import Client
 from django.urls import URLPattern
 from django.utils import timezone
 
-from loop import urls
+from loop import plans
 from loop.api import core
 from loop.api.core import issue
+from loop.api.site import routes
 from loop.models import AgentToken, Effect, Event, EventKind, Receipt, Step, Task
+from pippa_site import urls as site_urls
 
 from .conftest import make_task, step
 from .cuts import cut, post, sent_not_recorded
@@ -256,8 +258,8 @@ def test_a_concurrent_duplicate_is_rolled_back_and_answered_as_the_first(
         looked.append(call.command_id)
         return None if len(looked) == 1 else replay(call)
 
-    replay = core._replay
-    monkeypatch.setattr(core, "_replay", too_early)
+    replay = core.replay
+    monkeypatch.setattr(core, "replay", too_early)
     again = pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="twice")
     assert again.json() == first.json()
     assert Task.objects.get(pk=task.pk).state == "running"  # its pause went with its receipt
@@ -558,16 +560,76 @@ def test_events_page_after_an_id(pippa_agent: Agent) -> None:
 
 
 def test_the_openapi_document_describes_every_api_route(db: None) -> None:
+    """Every URL served under /api/ is in the document with its methods; every POST that reads
+    a body has its schema (the fields the server accepts, no others); every answer the server
+    may give has its schema, an error's being `Error`."""
     doc = Client().get("/api/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
-    routes = [p for p in urls.urlpatterns if isinstance(p, URLPattern)]
-    api = [p for p in routes if str(p.pattern).startswith("api/")]
-    assert len(api) >= 13
-    for pattern in api:
-        path = "/" + str(pattern.pattern).replace("<int:", "{").replace(">", "}")
-        assert path in doc["paths"], path
-        methods = {m.lower() for m in pattern.callback.methods}  # type: ignore[attr-defined]
+    schemas = doc["components"]["schemas"]
+
+    def resolved(schema: dict[str, Any]) -> dict[str, Any]:
+        for option in schema.get("anyOf", []):  # an optional body: the schema or null
+            if option.get("type") != "null":
+                schema = option
+        ref = schema.get("$ref", "")
+        return schemas[ref.rsplit("/", 1)[-1]] if ref else schema
+
+    served = {
+        "/" + str(p.pattern).replace("<int:", "{").replace(">", "}")
+        for p in site_urls.urlpatterns
+        if isinstance(p, URLPattern) and str(p.pattern).startswith("api/")
+    }
+    listed: dict[str, set[str]] = {}
+    for path, method, _ in routes():
+        listed.setdefault(path, set()).add(method.lower())
+    assert len(served) >= 13 and served == set(listed) == set(doc["paths"])
+    bodies = {}
+    for path, methods in listed.items():
         assert set(doc["paths"][path]) == methods, path
+        for method in methods:
+            operation = doc["paths"][path][method]
+            for status, answer in operation["responses"].items():
+                schema = answer["content"]["application/json"]["schema"]
+                if int(status) >= 400:
+                    assert schema == {"$ref": "#/components/schemas/Error"}, (path, status)
+                else:
+                    assert schema, (path, status)
+            if method == "post":
+                body = resolved(operation["requestBody"]["content"]["application/json"]["schema"])
+                assert body["type"] == "object" and body["additionalProperties"] is False, path
+                bodies[path] = (set(body.get("properties", {})), set(body.get("required", [])))
+    assert bodies["/api/steps/{step_id}/commit"] == (
+        {"lease_token", "verdict", "output", "error", "delay", "release"},
+        {"lease_token", "verdict"},
+    )
+    assert bodies["/api/effects"] == (
+        {"lease_token", "step", "tool", "args", "key"},
+        {"lease_token", "step", "tool"},
+    )
+    assert bodies["/api/tasks"] == (
+        plans.PLAN_FIELDS - {"schedule", "timezone"},
+        {"title", "steps"},
+    )
+    assert bodies["/api/schedules"] == (plans.PLAN_FIELDS, {"title", "schedule", "steps"})
+    assert bodies["/api/tasks/{task_id}/pause"] == (set(), set())
+    step_schema = schemas["PlanStep"]
+    assert set(step_schema["properties"]) == plans.STEP_FIELDS
+    assert set(step_schema["required"]) == {"key", "tool"}
+    commit = doc["paths"]["/api/steps/{step_id}/commit"]["post"]["responses"]["200"]
+    answer = resolved(commit["content"]["application/json"]["schema"])
+    assert set(answer["required"]) == {"step", "task", "lease_until"}
+    task = resolved(doc["paths"]["/api/tasks/{task_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"])  # fmt: skip
+    assert {"id", "title", "state", "steps", "events", "origin"} <= set(task["properties"])
+
+
+def test_a_field_the_document_does_not_name_is_refused_naming_it(pippa_agent: Agent) -> None:
+    """The bodies' `additionalProperties: false` is what the server does."""
+    task = make_task(step("a"))
+    for path in (f"/api/tasks/{task.pk}/pause", f"/api/tasks/{task.pk}/steps", "/api/effects"):
+        refused = pippa_agent.post(path, {"steps": [], "surprise": 1})
+        assert refused.status_code == 400, refused.content
+        assert "surprise: unknown field" in refused.json()["errors"]
+    assert Task.objects.get(pk=task.pk).state == "running"
 
 
 def test_the_admin_lists_tokens_without_their_digest(dad: User) -> None:

@@ -148,3 +148,21 @@ def test_a_step_in_a_task_is_found_after_all(agent: Client) -> None:
     task = make_task(step("a"))
     assert agent.get(f"/api/tasks/{task.pk}").json()["steps"][0]["key"] == "a"
     assert Step.objects.count() == 1
+
+
+def test_a_body_refused_for_a_field_is_the_commands_answer_too(agent: Client) -> None:
+    """A wrong type or an unknown field is refused before the command runs, and that refusal
+    is kept as its receipt: the same key replays it, and can't run another body."""
+    task = make_task(step("a"))
+    path = f"/api/tasks/{task.pk}/pause"
+    key = {"Idempotency-Key": "k"}
+    bad = post(agent, path, b'{"surprise": 1}', "application/json", **key)
+    assert detail(bad, 400) == "surprise: unknown field"
+    again = post(agent, path, b'{"surprise": 1}', "application/json", **key)
+    assert again.json() == bad.json() and again["Idempotent-Replayed"] == "true"
+    other = post(agent, path, b"{}", "application/json", **key)
+    assert detail(other, 409) == "Idempotency-Key: already used with another body"
+    assert Task.objects.get(pk=task.pk).state == "running"
+    wrong_type = post(agent, f"/api/steps/{task.steps.get().pk}/commit", b'{"lease_token": 5}', "application/json")  # fmt: skip
+    assert detail(wrong_type, 400) == "lease_token: must be a string"
+    assert "verdict: required" in wrong_type.json()["errors"]

@@ -17,8 +17,9 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
+from ninja import Router
 
 from .. import effects, journal, lease, outcomes, plans, questions, step_life, tools
 from ..effects import canonical
@@ -28,10 +29,15 @@ from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
 from ..permissions import require
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..step_life import NeedsProbe, Started
-from .core import ApiError, Call, command, get_step, get_task
+from . import schemas as s
+from .core import MAX_ID, ApiError, Bearer, Call, command, get_step, get_task
 
 LEASE_SALT = "loop.api.lease"
-VERDICTS = ("done", "failed", "retry", "blocked")
+router = Router(auth=Bearer(command=True), tags=["agent"])
+
+
+def caller(request: HttpRequest) -> Call:
+    return request.auth  # type: ignore[attr-defined,no-any-return]
 
 
 def _holder(agent: AgentToken, epoch: int) -> effects.Holder:
@@ -54,13 +60,12 @@ def lease_token(agent: AgentToken, started: Started) -> str:
     )
 
 
-def held_step(call: Call, data: dict[str, Any], step: Step) -> Started:
-    """The start that `data["lease_token"]` stands for, if it is this agent's, for `step`.
+def held_step(call: Call, token: str, step: Step) -> Started:
+    """The start that `token` (a lease token) stands for, if it is this agent's, for `step`.
     Every use of a lease (renew, effects, commit) passes here, so here the agent's user must
     still be allowed to drive a step."""
     require(call.agent.user, "drive a step", actor=call.agent.actor, step_id=step.pk)
-    token = data.get("lease_token")
-    if not isinstance(token, str) or not token:
+    if not token:
         raise ApiError(400, "lease_token: required, the token `next` answered")
     try:
         claims = signing.loads(token, salt=LEASE_SALT)
@@ -85,10 +90,20 @@ def _moved_on(started: Started) -> str:
 # ---- next ----------------------------------------------------------------------------------------
 
 
+@router.post(
+    "/tasks/{int:task_id}/next",
+    url_name="api_next",
+    summary="Claim the task's lease (LOOP_AGENT_LEASE_SECONDS, 15 minutes) and start its first "
+    "open step; `step` is null when the guard asked a question or nothing is left to run. The "
+    "agent keeps the task between its commits (workers do not claim it) until it lets go or "
+    "the lease runs out",
+    response=s.answers(200, s.Next, 404, command=True),
+)
 @command(atomic=False)
-def next_step(call: Call, task_id: int) -> HttpResponse:
+def next_step(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
     """Claim the task for this agent and guard and start its first open step, in one commit
     with the receipt; a step to probe first commits the claim, probes, then starts fenced."""
+    call = caller(request)
     require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
     with transaction.atomic():
         epoch = lease.claim_task(
@@ -138,17 +153,24 @@ def _not_claimable(task_id: int) -> ApiError:
 # ---- commit and renew ------------------------------------------------------------------------
 
 
+@router.post(
+    "/steps/{int:step_id}/commit",
+    url_name="api_commit",
+    summary="Commit the verdict on the step this agent holds, fenced on its lease; a late one "
+    "is journaled as late_result and refused (409). The agent keeps the task (its lease "
+    "unchanged) unless `release` is true or the task finished",
+    response=s.answers(200, s.Committed, 404, command=True),
+    openapi_extra=s.example({"lease_token": "…", "verdict": "done", "output": {"value": "hi"}}),
+)
 @command()
-def commit(call: Call, step_id: int) -> HttpResponse:
+def commit(request: HttpRequest, step_id: int, body: s.Commit) -> HttpResponse:
     """The agent's verdict on the step it holds, fenced on the lease: a late one is journaled
     (`late_result`) and refused. The next step is not started: the agent asks `next`."""
-    data = call.body(frozenset({"lease_token", "verdict", "output", "error", "delay", "release"}))
+    call = caller(request)
     step = get_step(step_id)
-    started = held_step(call, data, step)
-    verdict = _verdict(data)
-    release = data.get("release", False)
-    if not isinstance(release, bool):
-        raise ApiError(400, "release: must be true or false")
+    started = held_step(call, body.lease_token, step)
+    verdict = _verdict(body)
+    release = body.release
     if verdict.kind == "blocked" and not step.effects.filter(state=EffectState.UNCERTAIN).exists():
         # "blocked" asks Dad "Did this happen?" about the step's uncertain effects; with none,
         # there is nothing to ask (`/api/effects` answers 409 "may have happened" first).
@@ -169,33 +191,30 @@ def _held_until(task: Task) -> str | None:
     )
 
 
-def _verdict(data: dict[str, Any]) -> Verdict:
-    kind = data.get("verdict")
-    if kind not in VERDICTS:
-        raise ApiError(400, f"verdict: required, one of {', '.join(VERDICTS)}")
-    error = data.get("error", "")
-    if not isinstance(error, str):
-        raise ApiError(400, "error: must be a string")
-    if "output" in data and kind != "done":
+def _verdict(body: s.Commit) -> Verdict:
+    kind, error, delay = body.verdict, body.error, body.delay
+    if "output" in body.model_fields_set and kind != "done":
         raise ApiError(400, "output: only a 'done' verdict has an output")
-    delay = data.get("delay")
-    if delay is not None:
-        if kind != "retry":
-            raise ApiError(400, "delay: only a 'retry' verdict has a delay")
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-            raise ApiError(400, "delay: must be a number of seconds, 0 or more")
+    if delay is not None and kind != "retry":
+        raise ApiError(400, "delay: only a 'retry' verdict has a delay")
     if kind == "done":
-        return Verdict.done(data.get("output", {}))
+        return Verdict.done(body.output if "output" in body.model_fields_set else {})
     if kind == "retry":
         return Verdict.retry(error, delay=delay)
     return Verdict(kind, error=error)
 
 
+@router.post(
+    "/steps/{int:step_id}/renew",
+    url_name="api_renew",
+    summary="Extend this agent's lease on the step's task",
+    response=s.answers(200, s.Renewed, 404, command=True),
+)
 @command()
-def renew(call: Call, step_id: int) -> HttpResponse:
+def renew(request: HttpRequest, step_id: int, body: s.Renew) -> HttpResponse:
     """Extend the agent's lease on the step's task by LOOP_AGENT_LEASE_SECONDS from now."""
-    data = call.body(frozenset({"lease_token"}))
-    started = held_step(call, data, get_step(step_id))
+    call = caller(request)
+    started = held_step(call, body.lease_token, get_step(step_id))
     owner = call.agent.lease_owner
     seconds = settings.LOOP_AGENT_LEASE_SECONDS
     if not lease.renew(started.task_id, owner, started.epoch, seconds=seconds):
@@ -204,12 +223,19 @@ def renew(call: Call, step_id: int) -> HttpResponse:
     return JsonResponse({"lease_until": task.lease_until.isoformat() if task.lease_until else None})
 
 
+@router.post(
+    "/tasks/{int:task_id}/release",
+    url_name="api_release",
+    summary="Let go of a task this agent holds, so workers may take it; 409 when the agent "
+    "does not hold it",
+    response=s.answers(200, s.Released, 404, command=True),
+)
 @command()
-def release(call: Call, task_id: int) -> HttpResponse:
+def release(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
     """Let go of a task this agent holds, so workers (or other agents) may take it. A step it
     started and did not commit is left `running`: its next holder re-enters it as a cut."""
+    call = caller(request)
     require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
-    call.body(frozenset())
     task = get_task(task_id)
     if not lease.let_go(task_id, call.agent.lease_owner):
         holder = lease.holder(task)
@@ -222,28 +248,38 @@ def release(call: Call, task_id: int) -> HttpResponse:
 # ---- effects -----------------------------------------------------------------------------------
 
 
+@router.post(
+    "/effects",
+    url_name="api_effects",
+    summary="Perform the side-effect call of the step this agent holds (its tool, its args "
+    "resolved; another call is a 409), through the outbox: at most once, the stored answer on "
+    "a repeat",
+    response=s.answers(200, s.EffectDone, 404, 422, 503, command=True),
+    openapi_extra=s.example(
+        {
+            "lease_token": "…",
+            "step": 2,
+            "tool": "file.write",
+            "args": {"path": "notes/hello.txt", "content": "hello"},
+        }
+    ),
+)
 @command(atomic=False)
-def effect(call: Call) -> HttpResponse:
+def effect(request: HttpRequest, body: s.EffectCall) -> HttpResponse:
     """A side-effect tool call for the step the agent holds, through the outbox: at most once,
     and the stored answer on any repeat (DESIGN.md §6). Its intent, claim and outcome each
     commit on their own around the call, so the command's receipt is stored after them."""
-    data = call.body(frozenset({"lease_token", "step", "tool", "args", "key"}))
-    step_id = data.get("step")
-    if isinstance(step_id, bool) or not isinstance(step_id, int):
-        raise ApiError(400, "step: required, the id of the step the agent holds")
-    step = get_step(step_id)
-    started = held_step(call, data, step)
-    tool = _side_effect_tool(step, data)
-    args = data.get("args", {})
-    if not isinstance(args, dict):
-        raise ApiError(400, "args: must be an object")
+    call = caller(request)
+    if body.step > MAX_ID:
+        raise ApiError(404, f"step: no step {body.step}")
+    step = get_step(body.step)
+    started = held_step(call, body.lease_token, step)
+    tool = _side_effect_tool(step, body.tool)
+    args, key = body.args, body.key
     bound_to_step(call, step, tool, args)
     problems = plans.check_call(tool, args, where=f"step '{step.key}'")
     if problems:
         raise ApiError(400, "; ".join(problems))
-    key = data.get("key")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > 200):
-        raise ApiError(400, "key: must be a non-empty string of at most 200 characters")
     task = get_task(started.task_id)
     owner = call.agent.lease_owner
     if not lease.held_by(task, owner, started.epoch):
@@ -312,9 +348,8 @@ def bound_to_step(call: Call, step: Step, tool: tools.Tool, args: dict[str, Any]
     raise ApiError(409, reason, call={"tool": step.tool, "args": expected})
 
 
-def _side_effect_tool(step: Step, data: dict[str, Any]) -> tools.Tool:
-    name = data.get("tool")
-    if not isinstance(name, str) or not name:
+def _side_effect_tool(step: Step, name: str) -> tools.Tool:
+    if not name:
         raise ApiError(400, "tool: required, a tool name")
     tool = tools.find(name)
     if tool is None:

@@ -1,18 +1,21 @@
-"""What every API endpoint shares: bearer-token auth, JSON in and out, errors that name the
-field, and command receipts (DESIGN.md §7, §13).
+"""What every API endpoint shares: bearer-token auth, errors that name the field, and command
+receipts (DESIGN.md §7, §13). django-ninja routes, parses and validates (loop/api/site.py); this
+module is ours:
 
-    route(get=…, post=…)  the URL's view: 405 for other methods, CSRF-exempt (no cookies)
-    @reads                a GET: the agent's token, then the view
-    @command()            a POST: the token, the Idempotency-Key, the body (413 too large, 415 not
-                          JSON), a stored answer replayed or refused (409), else the view and
-                          its receipt in one transaction
+    Bearer()              a GET's auth: the agent's token (401, or 429 while throttled)
+    Bearer(command=True)  a POST's auth: the token, then the body's size and type (413, 415), the
+                          Idempotency-Key (400), and a stored answer replayed or refused (409),
+                          all before ninja reads the body
+    @command()            the POST's view and its receipt in one transaction
 
+Either way `request.auth` is the `Call`: which agent asks, and for a POST its command.
 A browser session never authenticates the API: only `Authorization: Bearer <token>` does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import secrets
 from collections.abc import Callable
@@ -28,7 +31,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
+from ninja.security import HttpBearer
 
 from .. import actions, plans, throttle
 from ..lease import LeaseLost
@@ -66,6 +69,35 @@ def error(status: int, message: str, **extra: Any) -> JsonResponse:
     return JsonResponse({"detail": message, "error": message, **extra}, status=status)
 
 
+def refusal(exc: Exception) -> JsonResponse | None:
+    """The 4xx answer for an exception that refuses a request, or None for any other. Each
+    action that refuses has already rolled back its own writes (and kept what it journals about
+    the refusal)."""
+    if isinstance(exc, ApiError):
+        return exc.response()
+    if isinstance(exc, plans.PlanError):
+        return error(400, str(exc), errors=exc.errors)
+    if isinstance(exc, Forbidden):
+        return error(403, str(exc), action=exc.act, missing=exc.missing)
+    if isinstance(exc, PermissionDenied):
+        return error(403, str(exc))
+    if isinstance(exc, actions.Refused | IllegalTransition | Conflict | LeaseLost):
+        return error(409, str(exc))
+    return None
+
+
+REFUSALS: tuple[type[Exception], ...] = (
+    ApiError,
+    plans.PlanError,
+    Forbidden,
+    PermissionDenied,
+    actions.Refused,
+    IllegalTransition,
+    Conflict,
+    LeaseLost,
+)
+
+
 # ---- tokens ------------------------------------------------------------------------------------
 
 
@@ -83,8 +115,8 @@ def issue(*, name: str, user: User, expires_at: datetime | None = None) -> tuple
     return agent, token
 
 
-@dataclass(frozen=True)
-class NoAgent:
+@dataclass(eq=False)
+class NoAgent(Exception):
     """Why a request has no agent: the answer it gets (401, or 429 while its address is
     throttled for wrong tokens)."""
 
@@ -149,7 +181,8 @@ def authenticate(request: HttpRequest) -> AgentToken | NoAgent:
 
 @dataclass
 class Call:
-    """One authenticated API request: which agent asks, and for a POST its command."""
+    """One authenticated API request (`request.auth`): which agent asks, and for a POST its
+    command."""
 
     request: HttpRequest
     agent: AgentToken
@@ -158,23 +191,9 @@ class Call:
     body_digest: str = ""
     kept: bool = field(default=False)
 
-    def body(self, allowed: frozenset[str] | None = None) -> dict[str, Any]:
-        """The JSON object sent (an empty body is `{}`); with `allowed`, any other field is a
-        400 naming it."""
-        raw = read_body(self.request)
-        if not raw.strip():
-            return {}
-        try:
-            data = plans.load_json(raw, "body")
-        except plans.PlanError as exc:
-            raise ApiError(400, str(exc)) from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "body: must be a JSON object")
-        if allowed is not None:
-            unknown = sorted(set(data) - allowed)
-            if unknown:
-                raise ApiError(400, f"{unknown[0]}: unknown field")
-        return data
+    def body(self) -> dict[str, Any]:
+        """The JSON object sent, as sent (an empty body is `{}`)."""
+        return parse_body(self.request)
 
     def keep(self, response: HttpResponse) -> HttpResponse:
         """Store `response` as this command's receipt, in the caller's transaction. A server
@@ -213,103 +232,109 @@ def read_body(request: HttpRequest) -> bytes:
     return raw
 
 
-@csrf_exempt
-def not_found(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    """Any other path under /api/: a JSON 404 (Django's own is an HTML page)."""
-    return error(404, f"path: no API endpoint {request.path} (see /api/openapi.json)")
+def parse_body(request: HttpRequest) -> dict[str, Any]:
+    """The body as a JSON object, read strictly (`plans.load_json`: finite numbers, bounded
+    integers and depth); anything else is a 400 naming where."""
+    raw = read_body(request)
+    if not raw.strip():
+        return {}
+    try:
+        data = plans.load_json(raw, "body")
+    except plans.PlanError as exc:
+        raise ApiError(400, str(exc)) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "body: must be a JSON object")
+    return data
+
+
+class Bearer(HttpBearer):
+    """The agent's token (`authenticate`); for a command also its Idempotency-Key and any
+    stored answer, before the body is parsed. Raises `NoAgent`, `ApiError` or `Replayed`, which
+    the API answers (loop/api/site.py)."""
+
+    openapi_description = "manage.py agent_token NAME --user USERNAME"
+
+    def __init__(self, *, command: bool = False) -> None:
+        super().__init__()
+        self.command = command
+
+    def __call__(self, request: HttpRequest) -> Call:
+        agent = authenticate(request)
+        if isinstance(agent, NoAgent):
+            raise agent
+        call = Call(request=request, agent=agent)
+        if self.command:
+            _prepare(call)
+        return call
+
+    def authenticate(self, request: HttpRequest, token: str) -> Any:  # pragma: no cover
+        raise NotImplementedError("Bearer.__call__ authenticates")  # HttpBearer's abstract hook
+
+
+class Replayed(Exception):  # noqa: N818 (an answer, not a failure)
+    """A command already answered: its stored response, again."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _prepare(call: Call) -> None:
+    request = call.request
+    body = read_body(request)
+    key = request.headers.get(KEY_HEADER, "").strip()
+    if not key:
+        raise ApiError(400, f"{KEY_HEADER}: header required on every POST (a command id)")
+    if len(key) > 255:
+        raise ApiError(400, f"{KEY_HEADER}: at most 255 characters")
+    if not key.isprintable():
+        raise ApiError(400, f"{KEY_HEADER}: printable characters only")
+    call.command_id = key
+    call.scope = f"{request.method} {request.path}"
+    call.body_digest = hashlib.sha256(body).hexdigest()
+    stored = replay(call)
+    if stored is not None:
+        raise Replayed(stored)
 
 
 View = Callable[..., HttpResponse]
 
 
-def route(**views: View) -> View:
-    """The view for one URL: each method its own view, any other method a 405."""
-    allowed = ", ".join(sorted(m.upper() for m in views))
-
-    @csrf_exempt
-    def dispatch(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-        view = views.get((request.method or "").lower())
-        if view is None:
-            response = error(405, f"method: {request.method} is not allowed here; use {allowed}")
-            response["Allow"] = allowed
-            return response
-        for name, value in kwargs.items():
-            if isinstance(value, int) and value > MAX_ID:
-                # No such row; the database would refuse the number itself (a 500).
-                what = name.removesuffix("_id")
-                return error(404, f"{what}: no {what} {value}")
-        return view(request, **kwargs)
-
-    dispatch.methods = sorted(m.upper() for m in views)  # type: ignore[attr-defined]
-    return dispatch
-
-
-Handler = Callable[[Call, dict[str, Any]], HttpResponse]
-
-
-def _authenticated(view: View, handle: Handler) -> View:
-    """`view` as served: the agent's token checked (401 without one, 429 while throttled),
-    then `handle`d."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-        agent = authenticate(request)
-        if isinstance(agent, NoAgent):
-            return agent.response()
-        return handle(Call(request=request, agent=agent), kwargs)
-
-    return wrapper
-
-
-def reads(view: View) -> View:
-    return _authenticated(view, lambda call, kwargs: _respond(view, call, kwargs))
-
-
 def command(*, atomic: bool = True) -> Callable[[View], View]:
-    """A POST with an Idempotency-Key. With `atomic` the view runs inside one transaction
-    together with its receipt; without, the view commits on its own (it performs something
-    in between) and stores its receipt with `call.keep` in its last transaction, or else the
-    receipt is stored after it."""
+    """A POST's view (under `Bearer(command=True)`). With `atomic` the view runs inside one
+    transaction together with its receipt; without, the view commits on its own (it performs
+    something in between) and stores its receipt with `call.keep` in its last transaction, or
+    else the receipt is stored after it. A refusal is an answer too: it is kept."""
 
     def decorate(view: View) -> View:
-        def handle(call: Call, kwargs: dict[str, Any]) -> HttpResponse:
-            request = call.request
-            try:
-                body = read_body(request)
-            except ApiError as exc:
-                return exc.response()
-            key = request.headers.get(KEY_HEADER, "").strip()
-            if not key:
-                return error(400, f"{KEY_HEADER}: header required on every POST (a command id)")
-            if len(key) > 255:
-                return error(400, f"{KEY_HEADER}: at most 255 characters")
-            if not key.isprintable():
-                return error(400, f"{KEY_HEADER}: printable characters only")
-            call.command_id = key
-            call.scope = f"{request.method} {request.path}"
-            call.body_digest = hashlib.sha256(body).hexdigest()
-            stored = _replay(call)
-            if stored is not None:
-                return stored
+        @wraps(view)
+        def handle(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            call: Call = request.auth  # type: ignore[attr-defined]
             try:
                 with transaction.atomic() if atomic else nullcontext():
-                    response = _respond(view, call, kwargs)
+                    try:
+                        response = view(request, **kwargs)
+                    except REFUSALS as exc:
+                        response = refusal(exc) or error(400, str(exc))
                     with transaction.atomic():
                         return call.keep(response)
             except IntegrityError:
                 # The same command id committed meanwhile by a concurrent request: its answer
                 # stands, and what this one did was rolled back with the failed receipt.
-                stored = _replay(call)
+                stored = replay(call)
                 if stored is None:
                     raise
                 return stored
 
-        return _authenticated(view, handle)
+        # ninja reads the view's parameters (its body, its path ids) from this signature; its
+        # annotations are resolved where the view was written.
+        handle.__signature__ = inspect.signature(view, eval_str=True)  # type: ignore[attr-defined]
+        return handle
 
     return decorate
 
 
-def _replay(call: Call) -> HttpResponse | None:
+def replay(call: Call) -> HttpResponse | None:
     receipt = Receipt.objects.filter(agent=call.agent, command_id=call.command_id).first()
     if receipt is None:
         return None
@@ -320,23 +345,6 @@ def _replay(call: Call) -> HttpResponse | None:
     response = JsonResponse(receipt.body, status=receipt.status, safe=False)
     response["Idempotent-Replayed"] = "true"
     return response
-
-
-def _respond(view: View, call: Call, kwargs: dict[str, Any]) -> HttpResponse:
-    """The view's answer; refusals become 4xx answers. Each action that refuses has already
-    rolled back its own writes (and kept what it journals about the refusal)."""
-    try:
-        return view(call, **kwargs)
-    except ApiError as exc:
-        return exc.response()
-    except plans.PlanError as exc:
-        return error(400, str(exc), errors=exc.errors)
-    except Forbidden as exc:
-        return error(403, str(exc), action=exc.act, missing=exc.missing)
-    except PermissionDenied as exc:
-        return error(403, str(exc))
-    except (actions.Refused, IllegalTransition, Conflict, LeaseLost) as exc:
-        return error(409, str(exc))
 
 
 # ---- lookups -----------------------------------------------------------------------------------

@@ -3,52 +3,79 @@
 
 from __future__ import annotations
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Query, Router
 
 from .. import conversation, plans, schedules
 from ..models import AuthorKind, Schedule
-from .core import ApiError, Call, command, reads
+from . import schemas as s
+from .core import ApiError, Bearer, Call, command
+from .views import After
 
 PAGE = 500
+router = Router(auth=Bearer(), tags=["conversation"])
+COMMAND = Bearer(command=True)
 
 
-@reads
-def list_messages(call: Call) -> HttpResponse:
+def caller(request: HttpRequest) -> Call:
+    return request.auth  # type: ignore[attr-defined,no-any-return]
+
+
+@router.get(
+    "/messages",
+    url_name="api_messages",
+    summary="The conversation after message `after`, oldest first, up to 500",
+    response=s.answers(200, list[s.Message], 400),
+)
+def list_messages(request: HttpRequest, query: Query[After]) -> HttpResponse:
     """The conversation, oldest first: the messages after `after` (a page at a time)."""
-    raw = call.request.GET.get("after", "0")
-    try:
-        after = int(raw)
-    except ValueError:
-        raise ApiError(400, f"after: must be a message id (an integer), not {raw!r}") from None
-    page = conversation.history(after=after)[:PAGE]
+    page = conversation.history(after=query.after)[:PAGE]
     return JsonResponse([conversation.message_dict(m) for m in page], safe=False)
 
 
+@router.post(
+    "/messages",
+    auth=COMMAND,
+    url_name="api_messages",
+    summary="Write in the conversation (ends any schedule's standing authorization)",
+    response=s.answers(201, s.Message, command=True),
+)
 @command()
-def post_message(call: Call) -> HttpResponse:
+def post_message(request: HttpRequest, body: s.NewMessage) -> HttpResponse:
     """A message by the token's agent; it ends any schedule's standing authorization."""
-    text = call.body(frozenset({"text"})).get("text")
-    if not isinstance(text, str):
-        raise ApiError(400, "text: required, a string")
+    call = caller(request)
     try:
         message = conversation.post(
-            author=call.agent.actor, kind=AuthorKind.AGENT, text=text, user=call.agent.user
+            author=call.agent.actor, kind=AuthorKind.AGENT, text=body.text, user=call.agent.user
         )
     except conversation.MessageError as exc:
         raise ApiError(400, str(exc)) from None
     return JsonResponse(conversation.message_dict(message), status=201)
 
 
-@reads
-def list_schedules(call: Call) -> HttpResponse:
+@router.get(
+    "/schedules",
+    url_name="api_schedules",
+    summary="Every schedule with its next due time and last run",
+    response=s.answers(200, list[s.Schedule]),
+)
+def list_schedules(request: HttpRequest) -> HttpResponse:
     found = Schedule.objects.order_by("name")
     return JsonResponse([schedules.schedule_dict(s) for s in found], safe=False)
 
 
+@router.post(
+    "/schedules",
+    auth=COMMAND,
+    url_name="api_schedules",
+    summary="Create a schedule from a plan with `schedule`",
+    response=s.answers(201, s.Schedule, command=True),
+)
 @command()
-def create_schedule(call: Call) -> HttpResponse:
+def create_schedule(request: HttpRequest, plan: s.ScheduledPlan) -> HttpResponse:
     """A plan with `schedule` (and `timezone`); answers the schedule."""
-    spec = plans.validate(call.body())
+    call = caller(request)
+    spec = plans.validate(call.body())  # the plan as sent: plans.validate is its validator
     if spec.schedule is None:
         raise ApiError(400, "schedule: required (a cron expression); a plan without one is a task")
     schedule = schedules.create(spec=spec, actor=call.agent.actor, user=call.agent.user)

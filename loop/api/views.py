@@ -5,107 +5,175 @@ writes a state field itself."""
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Query, Router
+from ninja import Schema as Params
+from pydantic import Field
 
 from .. import actions, plans
 from ..models import Event, Origin, Task
 from ..serialize import step_dict, task_dict, task_summary
-from .core import ApiError, Call, command, get_step, get_task, reads
-from .openapi import document
+from . import schemas as s
+from .core import MAX_ID, ApiError, Bearer, Call, command, get_step, get_task
 
 EVENTS_PAGE = 500
+router = Router(auth=Bearer(), tags=["tasks"])
+COMMAND = Bearer(command=True)
 
 
-@reads
-def list_tasks(call: Call) -> HttpResponse:
+def caller(request: HttpRequest) -> Call:
+    return request.auth  # type: ignore[attr-defined,no-any-return]
+
+
+class After(Params):
+    after: int = Field(0, ge=-MAX_ID, le=MAX_ID, description="an id; the ones after it")
+
+
+@router.get(
+    "/tasks",
+    url_name="api_tasks",
+    summary="Every task, oldest first",
+    response=s.answers(200, list[s.TaskSummary]),
+)
+def list_tasks(request: HttpRequest) -> HttpResponse:
     return JsonResponse([task_summary(t) for t in Task.objects.order_by("id")], safe=False)
 
 
-@reads
-def show_task(call: Call, task_id: int) -> HttpResponse:
+@router.get(
+    "/tasks/{int:task_id}",
+    url_name="api_task",
+    summary="A task with its steps, effects and questions",
+    response=s.answers(200, s.Task, 404),
+)
+def show_task(request: HttpRequest, task_id: int) -> HttpResponse:
     return JsonResponse(task_dict(get_task(task_id)))
 
 
+@router.post(
+    "/tasks",
+    auth=COMMAND,
+    url_name="api_tasks",
+    summary="Create a task from a plan",
+    openapi_extra=s.example(s.PLAN_EXAMPLE),
+    response=s.answers(201, s.Task, command=True),
+)
 @command()
-def create_task(call: Call) -> HttpResponse:
-    plan = plans.validate(call.body())
-    if plan.schedule is not None:
+def create_task(request: HttpRequest, plan: s.Plan) -> HttpResponse:
+    call = caller(request)
+    spec = plans.validate(call.body())  # the plan as sent: plans.validate is its validator
+    if spec.schedule is not None:
         raise ApiError(400, "schedule: a plan with a schedule goes to POST /api/schedules")
     task = actions.create_task(
-        plan=plan, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
+        plan=spec, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
     )
     return JsonResponse(task_dict(task), status=201)
 
 
+@router.post(
+    "/tasks/{int:task_id}/steps",
+    auth=COMMAND,
+    url_name="api_add_steps",
+    summary="Add steps, after the step `after` or at the end",
+    openapi_extra=s.example({"steps": [{"key": "bye", "tool": "echo", "args": {"value": "bye"}}]}),
+    response=s.answers(200, s.Task, 404, command=True),
+)
 @command()
-def add_steps(call: Call, task_id: int) -> HttpResponse:
-    data = call.body(frozenset({"steps", "after"}))
-    after = data.get("after")
-    if after is not None and not isinstance(after, str):
-        raise ApiError(400, "after: must be a step key")
+def add_steps(request: HttpRequest, task_id: int, body: s.AddSteps) -> HttpResponse:
+    call = caller(request)
     get_task(task_id)
     actions.add_steps(
         task_id=task_id,
-        steps=data.get("steps"),
-        after=after,
+        steps=body.steps,
+        after=body.after,
         actor=call.agent.actor,
         user=call.agent.user,
     )
     return JsonResponse(task_dict(get_task(task_id)))
 
 
+@router.post(
+    "/tasks/{int:task_id}/pause",
+    auth=COMMAND,
+    url_name="api_pause",
+    summary="Pause a task",
+    response=s.answers(200, s.Task, 404, command=True),
+)
 @command()
-def pause(call: Call, task_id: int) -> HttpResponse:
-    call.body(frozenset())
+def pause(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
+    call = caller(request)
     get_task(task_id)
     paused = actions.pause(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
     return JsonResponse(task_dict(paused))
 
 
+@router.post(
+    "/tasks/{int:task_id}/resume",
+    auth=COMMAND,
+    url_name="api_resume",
+    summary="Resume a paused task (a failed step that paused it is skipped)",
+    response=s.answers(200, s.Task, 404, command=True),
+)
 @command()
-def resume(call: Call, task_id: int) -> HttpResponse:
-    call.body(frozenset())
+def resume(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
+    call = caller(request)
     get_task(task_id)
     resumed = actions.resume(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
     return JsonResponse(task_dict(resumed))
 
 
+@router.post(
+    "/tasks/{int:task_id}/supersede",
+    auth=COMMAND,
+    url_name="api_supersede",
+    summary="Replace the task by a successor made from a plan; answers the successor",
+    openapi_extra=s.example(s.PLAN_EXAMPLE),
+    response=s.answers(201, s.Task, 404, command=True),
+)
 @command()
-def supersede(call: Call, task_id: int) -> HttpResponse:
-    plan = plans.validate(call.body())
+def supersede(request: HttpRequest, task_id: int, plan: s.Plan) -> HttpResponse:
+    call = caller(request)
+    spec = plans.validate(call.body())
     get_task(task_id)
     successor = actions.supersede(
-        task_id=task_id, plan=plan, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
+        task_id=task_id, plan=spec, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
     )
     return JsonResponse(task_dict(successor), status=201)
 
 
+@router.post(
+    "/steps/{int:step_id}/unblock",
+    auth=COMMAND,
+    url_name="api_unblock",
+    summary="Answer a blocked step's question (needs loop.confirm_step for the token's user)",
+    response=s.answers(200, s.Step, 404, command=True),
+)
 @command()
-def unblock(call: Call, step_id: int) -> HttpResponse:
-    """Answer a blocked step's question."""
-    data = call.body(frozenset({"decision", "note"}))
-    decision = data.get("decision")
+def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse:
+    call = caller(request)
+    decision = body.decision
     if not isinstance(decision, str) or decision not in actions.DECISIONS:
         raise ApiError(400, f"decision: required, one of {', '.join(actions.DECISIONS)}")
-    note = data.get("note", "")
-    if not isinstance(note, str):
-        raise ApiError(400, "note: must be a string")
     get_step(step_id)
     step = actions.unblock(
-        step_id=step_id, decision=decision, actor=call.agent.actor, user=call.agent.user, note=note
+        step_id=step_id,
+        decision=decision,
+        actor=call.agent.actor,
+        user=call.agent.user,
+        note=body.note,
     )
     step.refresh_from_db()
     return JsonResponse(step_dict(step))
 
 
-@reads
-def events(call: Call) -> HttpResponse:
+@router.get(
+    "/events",
+    url_name="api_events",
+    summary="The journal after event `after`, oldest first, up to 500",
+    response=s.answers(200, s.Events, 400),
+)
+def events(request: HttpRequest, query: Query[After]) -> HttpResponse:
     """The journal after event `after`, oldest first, a page at a time; `last` is the id to
     ask after next."""
-    raw = call.request.GET.get("after", "0")
-    try:
-        after = int(raw)
-    except ValueError:
-        raise ApiError(400, f"after: must be an event id (an integer), not {raw!r}") from None
+    after = query.after
     page = list(Event.objects.filter(id__gt=after).order_by("id")[:EVENTS_PAGE])
     return JsonResponse(
         {
@@ -125,8 +193,3 @@ def events(call: Call) -> HttpResponse:
             "last": page[-1].pk if page else after,
         }
     )
-
-
-def openapi(request: HttpRequest) -> HttpResponse:
-    """The API's description; public, like any documentation."""
-    return JsonResponse(document())
