@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import Arg, ToolError, fixed, tool
+from .base import Arg, ToolError, fixed, tool
 
 
 @tool("echo", args={"value": Arg("any")})

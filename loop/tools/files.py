@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from ..outcomes import EffectNotSent, EffectRejected
-from . import Arg, ProbeResult, ToolError, fixed, tool
+from .base import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field
 
 

@@ -20,7 +20,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.core.validators import validate_email
 
 from ..outcomes import EffectNotSent, EffectRejected
-from . import Arg, ProbeResult, fixed, tool
+from .base import Arg, ProbeResult, fixed, tool
 from .shown import Field
 
 

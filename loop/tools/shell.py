@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from ..outcomes import EffectRejected, EffectUncertainError
-from . import Arg, ToolError, fixed, storable, tool
+from .base import Arg, ToolError, fixed, storable, tool
 from .files import confined
 from .shown import Field
 

@@ -42,7 +42,7 @@ from django.db.utils import load_backend
 from django.utils import timezone
 
 from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, fixed, tool
+from .base import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field, json_text
 
 log = logging.getLogger("loop.tools.sql")
