@@ -21,8 +21,7 @@ import pytest
 from loop.effects import EffectNotSent, EffectRejected, EffectUncertainError
 from loop.models import Effect, Step
 from loop.runner import Runner
-from loop.tools import ToolError, TransientError, get
-from loop.tools import http as http_tools
+from loop.tools import ToolError, TransientError, exchange, get
 
 from .conftest import make_task, run_until_idle, step
 
@@ -209,7 +208,7 @@ def test_informational_answers_are_skipped() -> None:
     assert posted == {"status": 204, "body": ""}
 
 
-LONG = b"x" * (http_tools.MAX_BODY + 50)
+LONG = b"x" * (exchange.MAX_BODY + 50)
 FRAMINGS = {
     "content-length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(LONG), LONG),
     "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
@@ -224,20 +223,20 @@ def test_a_body_is_cut_at_one_megabyte_in_every_framing_and_says_so(framing: str
         got = fetch(f"http://127.0.0.1:{port}/")
         posted = post({"url": f"http://127.0.0.1:{port}/"})
     for output in (got, posted):
-        assert output["body"] == "x" * http_tools.MAX_BODY
+        assert output["body"] == "x" * exchange.MAX_BODY
         assert output["truncated"] == (
             "the body was longer than 1000000 bytes: only those are kept"
         )
 
 
 def test_a_body_of_exactly_one_megabyte_is_whole() -> None:
-    whole = b"y" * http_tools.MAX_BODY
+    whole = b"y" * exchange.MAX_BODY
     with canned(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(whole), whole)) as (
         port,
         _,
     ):
         got = fetch(f"http://127.0.0.1:{port}/")
-    assert len(got["body"]) == http_tools.MAX_BODY and "truncated" not in got
+    assert len(got["body"]) == exchange.MAX_BODY and "truncated" not in got
 
 
 @pytest.mark.parametrize(
@@ -523,12 +522,12 @@ def test_https_with_a_trusted_certificate(
     tls_server: int, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
-    http_tools.tls_context.cache_clear()
+    exchange.tls_context.cache_clear()
     try:
         result = fetch(f"https://127.0.0.1:{tls_server}/")
         posted = post({"url": f"https://127.0.0.1:{tls_server}/"})
     finally:
-        http_tools.tls_context.cache_clear()
+        exchange.tls_context.cache_clear()
     assert result["status"] == 200 and result["body"] == {}
     assert posted == {"status": 200, "body": {}}
 
@@ -536,7 +535,7 @@ def test_https_with_a_trusted_certificate(
 def test_https_refuses_a_certificate_it_cannot_verify_before_sending(
     tls_server: int, worker: Runner
 ) -> None:
-    http_tools.tls_context.cache_clear()
+    exchange.tls_context.cache_clear()
     with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
         fetch(f"https://127.0.0.1:{tls_server}/")
     task = make_task(step("hook", "http.post", args={"url": f"https://127.0.0.1:{tls_server}/"}))
