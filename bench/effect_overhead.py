@@ -263,20 +263,18 @@ def explain(url: str, steps: int = 200) -> dict[str, Any]:
 
 def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, float]:
     """The CPU time (ms) of two parts no side-effect step can do without, outside the loop:
-    one POST on a new connection, as `http.post` sends it (`loop.tools.wire`), and one
-    one-row UPDATE through Django's cursor (as the loop runs each statement)."""
+    one POST on a new connection, as `http.post` sends it (`loop.tools.http`, on `http.client`:
+    connect, write, read and judge the answer), and one one-row UPDATE through Django's cursor
+    (as the loop runs each statement)."""
     from django.db import connection, transaction
 
-    from loop.tools import wire
+    from loop import tools
 
-    where = wire.target(url)
+    post = tools.get("http.post")
+    assert post.start is not None
     began = time.process_time()
     for n in range(requests):
-        body = json.dumps([n, 0]).encode()
-        headers = {"Idempotency-Key": f"{n:064d}", "Content-Type": "application/json"}
-        with wire.connect(where, 5) as sock:
-            sock.sendall(wire.request_bytes("POST", where, headers, body))
-            wire.receive(sock, "POST", 1_000_000)
+        post.start({"url": url, "json": [n, 0]}, f"{n:064d}")()
     request_ms = (time.process_time() - began) / requests * 1000
     with transaction.atomic():
         with connection.cursor() as cursor:

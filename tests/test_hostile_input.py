@@ -355,7 +355,7 @@ def test_yaml_safe_load_would_have_expanded_the_bomb() -> None:
 def test_an_answer_the_database_could_not_hold_is_kept_as_text(worker: Worker, body: bytes) -> None:
     """A JSON answer with NaN (or a NUL, or nested past 100 levels) would fail the output's
     write, and the tick with it, on every try: it is kept as text instead."""
-    from .test_wire import canned
+    from .test_http_tools import canned
 
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     with canned(head % len(body) + body) as (port, _):

@@ -228,7 +228,7 @@ def test_an_unexpected_failure_of_a_safe_to_repeat_write_retries_without_asking(
     def broken(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
         raise RuntimeError("the disk controller hiccuped")
 
-    monkeypatch.setitem(tools._registry, "file.write", dataclasses.replace(real, run=broken))
+    monkeypatch.setitem(tools.base._registry, "file.write", dataclasses.replace(real, run=broken))
     task = make_task(step("note", "file.write", args={"path": "n.txt", "content": "x"}))
     assert worker.tick()
     note, effect = only_step(task), only_effect(task)

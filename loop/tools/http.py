@@ -1,10 +1,17 @@
-"""http.get (read-only), http.post and http.put (side effects).
+"""http.get (read-only), http.post and http.put (side effects), on `http.client`.
 
-Outcomes follow DESIGN.md §6: a failure before the request was written (refused, DNS, TLS,
-connect timeout) is not sent; 2xx succeeded; 4xx rejected except 408 (uncertain) and 429 (not
-sent, retry after Retry-After); 5xx, or a timeout or reset after the request was written, is
-uncertain. The effect id goes out as `Idempotency-Key`. Each call is one exchange on a
-connection of its own (`wire`).
+Outcomes follow DESIGN.md §6, by how far a call got:
+
+    connect()      a failure here sent nothing (refused, DNS, TLS, connect timeout): not sent
+    request()      the request is written; a failure while writing may have reached the server
+    getresponse()  2xx succeeded; 4xx rejected except 408 (uncertain) and 429 (not sent, retry
+                   after Retry-After); 5xx, a timeout or reset, or an answer that does not read
+                   as HTTP: uncertain
+
+The effect id goes out as `Idempotency-Key`. Each call is one exchange on a connection of its
+own (`exchange`; `Connection: close`, never reused), so a request is never written into a
+connection the server may already have dropped. `http.get` follows redirects (at most MAX_REDIRECTS, to
+http(s) URLs only); a POST or PUT never does: its 3xx is its answer.
 
 A receiver listed in LOOP_IDEMPOTENT_RECEIVERS deduplicates on that key (`receivers`): a call
 to it is safe to repeat, and its 409 (still working on this key) is not sent, retried.
@@ -13,6 +20,7 @@ to it is safe to repeat, and its 409 (still working on this key) is not sent, re
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -21,38 +29,55 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import plans
+from .. import safe_input
 from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
-from . import Arg, ProbeResult, ToolError, TransientError, fixed, receivers, storable, tool, wire
+from . import exchange, receivers
+from .base import Arg, ProbeResult, ToolError, TransientError, fixed, storable, tool
+from .exchange import FAILURES, MAX_BODY, Answer, ProtocolError, header_problem, why
+from .receivers import Target
 from .shown import Field, json_text
 
-MAX_BODY = 1_000_000
+MAX_REDIRECTS = 5
+REDIRECTS = {301, 302, 303, 307, 308}
 OUTPUT_DEPTH = 100
+# Sent to the URL the plan names; not to another origin a redirect points to.
+ORIGIN_HEADERS = {"authorization", "proxy-authorization", "cookie", "host"}
 
 
-def _target(url: Any) -> wire.Target:
+def _target(url: Any) -> Target:
     try:
-        return wire.target(str(url))
+        return receivers.target(str(url))
     except ValueError as exc:
         raise ToolError(str(exc)) from None
 
 
-def _request(method: str, where: wire.Target, headers: dict[str, str], body: bytes) -> bytes:
-    try:
-        return wire.request_bytes(method, where, headers, body)
-    except ValueError as exc:
-        raise ToolError(f"{method} {where.scheme}://{where.authority}{where.path}: {exc}") from None
+def _checked(method: str, where: Target, headers: dict[str, str]) -> dict[str, str]:
+    """The headers to send (with `Connection: close`), or ToolError naming the one that
+    cannot be sent as given: before anything is connected."""
+    for name, value in headers.items():
+        problem = header_problem(name, value)
+        if problem:
+            raise ToolError(f"{method} {where.url}: {problem}")
+    return {**headers, "Connection": "close"}
 
 
-def _body(response: wire.Response) -> Any:
+def _body(answer: Answer) -> Any:
     """A JSON body as its value, if it holds JSON values only (no NaN, nothing nested past
     OUTPUT_DEPTH, …) and so can be stored; else, like any other body, as text."""
-    if "json" in (response.header("Content-Type") or ""):
+    if "json" in (answer.header("Content-Type") or "") and not answer.cut:
         try:
-            return plans.load_json(response.body, "body", depth=OUTPUT_DEPTH)
-        except plans.PlanError:
+            return safe_input.load_json(answer.body, "body", depth=OUTPUT_DEPTH)
+        except safe_input.PlanError:
             pass
-    return storable(response.body.decode("utf-8", errors="replace"))
+    return storable(answer.body.decode("utf-8", errors="replace"))
+
+
+def _output(answer: Answer, **fields: Any) -> dict[str, Any]:
+    """What a step keeps of an answer; a body cut at MAX_BODY says so (`truncated`)."""
+    output = {"status": answer.status, **fields, "body": _body(answer)}
+    if answer.cut:
+        output["truncated"] = f"the body was longer than {MAX_BODY} bytes: only those are kept"
+    return output
 
 
 def _headers(given: Any) -> dict[str, str]:
@@ -64,7 +89,7 @@ def _check(args: dict[str, Any]) -> list[str]:
     problems = []
     if fixed(args["url"]):
         try:
-            wire.target(args["url"])
+            receivers.target(args["url"])
         except ValueError as exc:
             problems.append("args.url: " + str(exc).removeprefix("'url' "))
     headers = args.get("headers")
@@ -72,7 +97,7 @@ def _check(args: dict[str, Any]) -> list[str]:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             problems.append(f"args.headers: header {name!r} must be a string")
             continue
-        problem = wire.header_problem(name, str(value) if fixed(value) else None)
+        problem = header_problem(name, str(value) if fixed(value) else None)
         if problem:
             problems.append(f"args.headers: {problem}")
     if "json" in args and "body" in args:
@@ -86,17 +111,48 @@ def _check(args: dict[str, Any]) -> list[str]:
     check=_check,
 )
 def http_get(args: dict[str, Any]) -> dict[str, Any]:
+    """GET, following up to MAX_REDIRECTS redirects; `url` is where the answer came from and
+    `redirects` each hop (`{"status", "url"}`, the URL it pointed to)."""
     where = _target(args["url"])
-    request = _request("GET", where, _headers(args.get("headers")), b"")
+    headers = _checked("GET", where, _headers(args.get("headers")))
+    first = where
+    hops: list[dict[str, Any]] = []
+    while True:
+        try:
+            answer = exchange.exchange("GET", where, headers, None)
+        except (*FAILURES, ProtocolError) as exc:
+            raise TransientError(f"GET {where.url}: {why(exc)}") from exc
+        location = answer.header("Location")
+        if answer.status not in REDIRECTS or location is None:
+            break
+        where, headers = _redirected(where, location, headers, first, hops)
+        hops.append({"status": answer.status, "url": where.url})
+    if answer.status >= 500 or answer.status in (408, 429):
+        raise TransientError(f"GET {where.url}: HTTP {answer.status}")
+    return _output(answer, headers=dict(answer.headers), url=where.url, redirects=hops)
+
+
+def _redirected(
+    where: Target, location: str, headers: dict[str, str], first: Target, hops: list[Any]
+) -> tuple[Target, dict[str, str]]:
+    """Where a redirect from `where` points, and the headers to send there (no credentials
+    or Host for another origin); ToolError naming the URL for a loop, a hop past
+    MAX_REDIRECTS, or a place that is not an http(s) URL."""
+    url = urllib.parse.urljoin(where.url, location.strip())
     try:
-        with wire.connect(where, settings.LOOP_HTTP_TIMEOUT) as sock:
-            sock.sendall(request)
-            response = wire.receive(sock, "GET", MAX_BODY)
-    except (OSError, wire.ProtocolError) as exc:
-        raise TransientError(f"GET {args['url']}: {exc}") from exc
-    if response.status >= 500 or response.status in (408, 429):
-        raise TransientError(f"GET {args['url']}: HTTP {response.status}")
-    return {"status": response.status, "headers": dict(response.headers), "body": _body(response)}
+        following = receivers.target(url)
+    except ValueError as exc:
+        why = str(exc).removeprefix("'url' ")
+        raise ToolError(f"GET {where.url}: redirected to {location!r}, which {why}") from None
+    if following.url in {first.url, *(hop["url"] for hop in hops)}:
+        raise ToolError(f"GET {first.url}: a redirect loop, back to {following.url}")
+    if len(hops) >= MAX_REDIRECTS:
+        raise ToolError(
+            f"GET {first.url}: more than {MAX_REDIRECTS} redirects (the next to {following.url})"
+        )
+    if (following.scheme, following.host, following.port) != (where.scheme, where.host, where.port):
+        headers = {k: v for k, v in headers.items() if k.lower() not in ORIGIN_HEADERS}
+    return following, headers
 
 
 WRITE_ARGS = {
@@ -168,26 +224,32 @@ def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], di
         payload = str(args.get("body", "")).encode()
     url = args["url"]
     where = _target(url)
-    request = _request(method, where, headers, payload)  # checked whole before connecting
+    sending = _checked(method, where, headers)  # checked whole before connecting
+    conn = exchange.connection(where)
     try:
-        sock = wire.connect(where, settings.LOOP_HTTP_TIMEOUT)
-    except OSError as exc:  # refused, DNS, TLS, connect timeout: nothing was written
+        conn.connect()
+    except (OSError, ValueError) as exc:  # refused, DNS, TLS, connect timeout: nothing written
+        conn.close()
         raise EffectNotSent(f"{method} {url}: {exc}") from exc
     try:
-        sock.sendall(request)
+        conn.request(method, where.path, body=payload, headers=sending)
     except OSError as exc:
-        sock.close()
+        conn.close()
         raise EffectUncertainError(f"{method} {url}: {exc} while the request was written") from exc
+    except (ValueError, http.client.HTTPException) as exc:  # refused by http.client, unsent
+        conn.close()
+        raise ToolError(f"{method} {url}: {exc}; nothing was sent") from exc
 
     def finish() -> dict[str, Any]:
         try:
-            with sock:
-                response = wire.receive(sock, method, MAX_BODY)
-        except (OSError, wire.ProtocolError) as exc:
+            answer = exchange.receive(conn)
+        except (*FAILURES, ProtocolError) as exc:
             raise EffectUncertainError(
-                f"{method} {url}: {exc} after the request was written"
+                f"{method} {url}: {why(exc)} after the request was written"
             ) from exc
-        return _judge(method, url, response, deduplicated=honours_key(args))
+        finally:
+            conn.close()
+        return _judge(method, url, answer, deduplicated=honours_key(args))
 
     return finish
 
@@ -200,14 +262,14 @@ def honours_key(args: dict[str, Any]) -> bool:
     return receivers.honours_key(str(args.get("url", "")), settings.LOOP_IDEMPOTENT_RECEIVERS)
 
 
-def _judge(method: str, url: str, response: wire.Response, *, deduplicated: bool) -> dict[str, Any]:
-    status, body = response.status, _body(response)
+def _judge(method: str, url: str, answer: Answer, *, deduplicated: bool) -> dict[str, Any]:
+    status, body = answer.status, _body(answer)
     if 200 <= status < 300:
-        return {"status": status, "body": body}
+        return _output(answer)
     if status == 429 or (status == 409 and deduplicated):
         # 409 from a receiver that deduplicates: it is still working on this key (a request
         # sent before a cut); the same key again later gets that request's answer.
-        delay = retry_after_seconds(response.header("Retry-After") or "")
+        delay = retry_after_seconds(answer.header("Retry-After") or "")
         raise EffectNotSent(f"{method} {url}: HTTP {status}", retry_after=delay)
     if status == 408 or status >= 500:
         raise EffectUncertainError(f"{method} {url}: HTTP {status}")
