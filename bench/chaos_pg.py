@@ -1,7 +1,7 @@
 """Chaos at scale on PostgreSQL, full size: 4 real `runloop` workers, 200 tasks of 5
 side-effect steps (emails to a real SMTP server, POSTs to a real HTTP receiver), a random
 worker SIGKILLed every few seconds and started again while tasks are open; then a table of
-kills, effects, duplicates and questions by kind, and the checks of tests/chaos_scale.py.
+kills, effects, duplicates and questions by kind, and the checks of tests/support/chaos_scale.py.
 
     .venv/bin/python bench/chaos_pg.py [--workers 4] [--tasks 200] [--kill-every 2]
                                        [--seed N] [--pg postgres://postgres@127.0.0.1:5432]
@@ -37,8 +37,8 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="chaos-pg-", dir=ROOT / "var"))
     database = pg.fresh_database(options.pg, "pgbench_chaos")
     base = pg.setup_django(database, folder, LOOP_FILE_ROOT=str(folder / "files"))
-    from tests.chaos_scale import run, worker_env
-    from tests.chaos_sinks import HttpSink, SmtpSink
+    from tests.support.chaos_scale import run, worker_env
+    from tests.support.chaos_sinks import HttpSink, SmtpSink
 
     with (
         SmtpSink(db_path=database, max_delay_ms=15) as smtp,

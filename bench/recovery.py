@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def setup_django(folder: Path, database_url: str) -> None:
     os.environ["PIPPA_DATA_DIR"] = str(folder)
-    os.environ["PIPPA_EXTRA_APPS"] = "tests.loopapp"  # test.record: a step that hangs
+    os.environ["PIPPA_EXTRA_APPS"] = "tests.support.loopapp"  # test.record: a step that hangs
     os.environ["LOOP_LOG_LEVEL"] = "ERROR"
     if database_url:
         os.environ["DATABASE_URL"] = database_url

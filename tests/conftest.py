@@ -24,7 +24,7 @@ from loop.permissions import SYSTEM
 from loop.step_life import Started
 from loop.worker import Worker
 
-from .loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
+from .support.loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def process_env(**extra: str) -> dict[str, str]:
         )
     env["PIPPA_DATA_DIR"] = str(Path(settings.DATA_DIR))
     env["PYTHONUNBUFFERED"] = "1"
-    env["PIPPA_EXTRA_APPS"] = "tests.loopapp"  # the children load the test tools too
+    env["PIPPA_EXTRA_APPS"] = "tests.support.loopapp"  # the children load the test tools too
     env.update(extra)
     return env
 

@@ -14,7 +14,7 @@ from loop.permissions import SYSTEM
 from loop.worker import Worker
 
 from .conftest import make_task, step
-from .sinks import closed_url
+from .support.sinks import closed_url
 
 
 class FormFields(HTMLParser):

@@ -20,7 +20,7 @@ from loop.models import Worker as WorkerRow
 from loop.worker import Worker
 
 from .conftest import claim_and_start, make_task, process_env, start_runloop, step, wait_for
-from .loopapp.tools import read_runs
+from .support.loopapp.tools import read_runs
 from .test_api import Agent
 
 AGENT_STEPS = ("a", "b", "c", "d", "e")

@@ -26,8 +26,8 @@ from loop.models import AgentToken, Effect, Event, EventKind, Receipt, Step, Tas
 from pippa_site import urls as site_urls
 
 from .conftest import make_task, step
-from .cuts import cut, post, sent_not_recorded
-from .sinks import Receiver
+from .support.cuts import cut, post, sent_not_recorded
+from .support.sinks import Receiver
 
 
 class Agent:

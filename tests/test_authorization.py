@@ -21,8 +21,8 @@ from loop.permissions import SYSTEM
 from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
-from .cuts import cut, next_worker, post, sent_not_recorded
-from .sinks import Receiver
+from .support.cuts import cut, next_worker, post, sent_not_recorded
+from .support.sinks import Receiver
 from .test_admin_plan_edits import admin_client, form_index, open_form
 from .test_api import Agent
 

@@ -35,8 +35,8 @@ from loop.step_life import Started
 from loop.worker import Worker
 
 from .conftest import make_task, step
-from .cuts import Killed
-from .sinks import Receiver
+from .support.cuts import Killed
+from .support.sinks import Receiver
 
 ANSWERS = {
     "allow": "may_i",

@@ -21,7 +21,7 @@ from loop.transitions import Conflict
 from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
-from .sinks import Receiver
+from .support.sinks import Receiver
 
 # Real commits, so another connection sees only what is durable.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from loop.models import Effect, Event, Step, Task, Worker
 
 from .conftest import kill, make_task, process_env, start_runloop, step, wait_for
-from .sinks import Receiver
+from .support.sinks import Receiver
 
 DIED = "server process ended before the effect completed"
 

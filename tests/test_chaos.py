@@ -11,7 +11,7 @@ LOOP_IDEMPOTENT_RECEIVERS — its POSTs are then safe to repeat and share batche
 question may be about one — and once unlisted, when a worker sends them one at a time. Either
 way a killed worker leaves at most one question for Dad (its emails are never safe to repeat).
 
-Most workers are forked from a pre-loaded Django (tests/forkserver.py) so the kills fit in a
+Most workers are forked from a pre-loaded Django (tests/support/forkserver.py) so the kills fit in a
 minute; every 25th, and the last, is a plain `manage.py runloop` subprocess.
 """
 
@@ -30,10 +30,10 @@ import pytest
 from loop.models import Effect, EffectState, Event, EventKind, Step, Task, Worker
 from loop.tools.mail import message_id
 
-from .chaos_sinks import HttpSink, SmtpSink
 from .conftest import make_task, process_env, start_runloop, step, wait_for
-from .forkserver import ForkServer
-from .truth import Person
+from .support.chaos_sinks import HttpSink, SmtpSink
+from .support.forkserver import ForkServer
+from .support.truth import Person
 
 KILLS = int(os.environ.get("CHAOS_KILLS", "100"))  # per run
 SEED = int(os.environ.get("CHAOS_SEED", str(random.randrange(1 << 30))))  # one for both runs

@@ -2,7 +2,7 @@
 every 0.6 s (15 times) and started again, twenty tasks of five side-effect steps to real receivers.
 Nothing is delivered twice or outside a committed `running` effect, no step is held by two
 workers at once, and every task ends done with every question answered from the receivers'
-records (tests/chaos_scale.py; full size: bench/chaos_pg.py). PostgreSQL only."""
+records (tests/support/chaos_scale.py; full size: bench/chaos_pg.py). PostgreSQL only."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from django.db import connection, transaction
 from loop import journal
 from loop.models import EventKind
 
-from .chaos_scale import overlaps, run, worker_env
-from .chaos_sinks import HttpSink, SmtpSink
 from .conftest import make_task, process_env, step
+from .support.chaos_scale import overlaps, run, worker_env
+from .support.chaos_sinks import HttpSink, SmtpSink
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from django.conf import settings
 from loop.models import Event, Step, Task, TaskState, Worker
 
 from .conftest import kill, make_task, start_runloop, step, wait_for
-from .loopapp.tools import read_runs
+from .support.loopapp.tools import read_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

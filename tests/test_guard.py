@@ -1,5 +1,5 @@
 """The guard (DESIGN.md §5): one test per row of the table, with cuts simulated in process
-(tests/cuts.py), and the pure `guard.decide` cases."""
+(tests/support/cuts.py), and the pure `guard.decide` cases."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from loop.step_life import Started
 from loop.worker import Worker
 
 from .conftest import claim_and_start, make_task, run_until_idle, step
-from .cuts import (
+from .support.cuts import (
     Partway,
     claimed_not_sent,
     cut,
@@ -27,7 +27,7 @@ from .cuts import (
     sent_and_recorded,
     sent_not_recorded,
 )
-from .sinks import Receiver
+from .support.sinks import Receiver
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from .conftest import (
     step,
     wait_for,
 )
-from .cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
-from .sinks import Receiver
+from .support.cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
+from .support.sinks import Receiver
 
 PAY = "https://pay.example.com/v1"
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from loop.models import Event, Step, Task, Worker
 
 from .conftest import make_task, process_env, start_runloop, step, wait_for
-from .loopapp.tools import read_runs
+from .support.loopapp.tools import read_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -23,8 +23,8 @@ from loop.models import Event, Message, Schedule, ScheduleRun, Step, Task
 from loop.permissions import SYSTEM
 
 from .conftest import manage, process_env, task_json
-from .cuts import cut, intent_only, post, sent_not_recorded
-from .sinks import Receiver
+from .support.cuts import cut, intent_only, post, sent_not_recorded
+from .support.sinks import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

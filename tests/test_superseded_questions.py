@@ -17,7 +17,7 @@ from loop.permissions import SYSTEM
 from loop.worker import Worker
 
 from .conftest import run_until_idle, step
-from .sinks import Receiver
+from .support.sinks import Receiver
 from .test_unblock import asking_did_it_happen, asking_may_i
 
 

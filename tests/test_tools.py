@@ -24,8 +24,8 @@ from loop.tools.mail import message_id
 from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle, step
-from .cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
-from .sinks import Mailbox, Receiver, closed_url, smtp_server
+from .support.cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
+from .support.sinks import Mailbox, Receiver, closed_url, smtp_server
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from loop.models import Effect, Event, Step, Task
 from loop.worker import Worker
 
 from .conftest import ROOT, make_task, manage, process_env, run_until_idle, step
-from .cuts import claimed_not_sent, cut, next_worker, post, sent_not_recorded
-from .sinks import Receiver
+from .support.cuts import claimed_not_sent, cut, next_worker, post, sent_not_recorded
+from .support.sinks import Receiver
 
 
 @pytest.fixture

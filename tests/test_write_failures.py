@@ -30,9 +30,9 @@ from loop.models import Effect, EffectState, Step, StepState, Task
 from loop.models import Worker as WorkerRow
 from loop.worker import Worker
 
-from .chaos_sinks import HttpSink
 from .conftest import make_task, process_env, start_runloop, step, wait_for
-from .truth import Person
+from .support.chaos_sinks import HttpSink
+from .support.truth import Person
 
 WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
@@ -143,7 +143,7 @@ def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends
 
 def set_page_limit(pages: int | None, file: Path) -> None:
     """Cap the database at `pages` (None: lift the cap) for this test's connection and, through
-    the tests.pagelimit knob, for every connection of the child worker."""
+    the tests.support.pagelimit knob, for every connection of the child worker."""
     file.write_text(str(pages or ""))
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA max_page_count = {pages or 1073741823}")
@@ -169,7 +169,7 @@ def test_a_full_database_stops_the_worker_visibly_and_the_run_completes_once_roo
                 title=f"full {n}",
             )
         env = process_env(
-            PIPPA_EXTRA_APPS="tests.pagelimit",
+            PIPPA_EXTRA_APPS="tests.support.pagelimit",
             PIPPA_TEST_PAGE_LIMIT_FILE=str(limit),
             LOOP_HTTP_PROBE_URL=web.url("/probe/{key}"),
             LOOP_LEASE_SECONDS="2",

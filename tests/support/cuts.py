@@ -15,7 +15,7 @@ from loop.models import Effect, Step, Task
 from loop.step_life import Started
 from loop.worker import Worker
 
-from .conftest import step
+from ..conftest import step
 
 
 class Killed(BaseException):

@@ -7,7 +7,7 @@ then forks a fresh process per `spawn` that runs the `runloop` command exactly a
 test SIGKILLs that pid and asks the server to reap it, so the pid is truly gone before the
 next worker's boot looks for dead workers.
 
-    python -m tests.forkserver      # stdin: "spawn LOGFILE" -> pid; "reap PID" -> status
+    python -m tests.support.forkserver      # stdin: "spawn LOGFILE" -> pid; "reap PID" -> status
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve() -> None:
@@ -62,7 +62,7 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.forkserver"],
+            [sys.executable, "-m", "tests.support.forkserver"],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

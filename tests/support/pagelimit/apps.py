@@ -1,7 +1,7 @@
 """A testing knob: cap the SQLite database's size from outside a running process.
 
 `PRAGMA max_page_count` is per connection, so a test cannot set it for a child `runloop`.
-With `PIPPA_EXTRA_APPS=tests.pagelimit` and `PIPPA_TEST_PAGE_LIMIT_FILE=/some/file`, every
+With `PIPPA_EXTRA_APPS=tests.support.pagelimit` and `PIPPA_TEST_PAGE_LIMIT_FILE=/some/file`, every
 connection of that process applies the number in the file (when it changes) before its next
 statement; a missing or empty file means no cap. The test writes the database's current page
 count to cause a real SQLITE_FULL ("database or disk is full"), and a large number to make
@@ -53,7 +53,7 @@ def _install(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> Non
 
 
 class PageLimitConfig(AppConfig):
-    name = "tests.pagelimit"
+    name = "tests.support.pagelimit"
     label = "pagelimit"
 
     def ready(self) -> None:

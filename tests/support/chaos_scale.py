@@ -1,12 +1,12 @@
 """Chaos at scale on PostgreSQL (tests/test_chaos_pg.py, bench/chaos_pg.py): several real
 `runloop` workers on one database, one of them SIGKILLed every few seconds and started again,
-every step a side effect to a real receiver (tests/chaos_sinks.py).
+every step a side effect to a real receiver (tests/support/chaos_sinks.py).
 
 Afterwards the journal and the receivers are checked: no step was started by a second worker
 while its first holder still held it (unless that holder was found dead or its lease released
 in between: the fence), no verdict came from a worker that no longer held the step, nothing
 was delivered twice or outside a committed `running` effect, and every question the loop
-asked was one the receivers' records could answer (tests/truth.py answers them).
+asked was one the receivers' records could answer (tests/support/truth.py answers them).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from loop.tools.mail import message_id
 from .chaos_sinks import HttpSink, SmtpSink
 from .truth import Person
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENDS = {EventKind.STEP_DONE, EventKind.STEP_RETRY, EventKind.STEP_FAILED, EventKind.STEP_BLOCKED}
 STARTS = {EventKind.STEP_STARTED, EventKind.STEP_RESTARTED}
 
