@@ -6,6 +6,9 @@ from django.views.generic import RedirectView
 from loop.api.site import urlpatterns as api_urls
 from loop.web.pages.login import LoginView
 
+# Refused before any view runs (a Host not allowed): JSON under /api/, as every API answer.
+handler400 = "loop.api.site.bad_request"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Browsers ask for it on every page (the admin's too); a 404 there is an error in the console.

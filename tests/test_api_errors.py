@@ -166,3 +166,12 @@ def test_a_body_refused_for_a_field_is_the_commands_answer_too(agent: Client) ->
     wrong_type = post(agent, f"/api/steps/{task.steps.get().pk}/commit", b'{"lease_token": 5}', "application/json")  # fmt: skip
     assert detail(wrong_type, 400) == "lease_token: must be a string"
     assert "verdict: required" in wrong_type.json()["errors"]
+
+
+def test_a_host_that_is_not_allowed_gets_a_json_400_under_the_api(client: Client) -> None:
+    refused = client.get("/api/tasks", HTTP_HOST="n")
+    assert refused.status_code == 400
+    assert refused["Content-Type"] == "application/json"
+    assert refused.json()["detail"] == "Host: not a host this server answers to (ALLOWED_HOSTS)"
+    page = client.get("/", HTTP_HOST="n")  # elsewhere Django's own page
+    assert page.status_code == 400 and page["Content-Type"].startswith("text/html")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,18 +46,19 @@ class Faults:
         self.fail_at = fail_at
         self.count = 0
         self.failed = ""
+        self.statement = ""  # the failed write in full
 
-    def _write(self, what: str) -> None:
+    def _write(self, what: str, statement: str = "") -> None:
         self.count += 1
         if self.count == self.fail_at:
-            self.failed = what
+            self.failed, self.statement = what, statement or what
             raise OperationalError(f"injected failure of write {self.count}: {what}")
 
     def _execute(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, ctx: Any
     ) -> Any:
         if sql.lstrip().upper().startswith(WRITES):
-            self._write(" ".join(sql.split()[:4]))
+            self._write(" ".join(sql.split()[:4]), sql)
         return execute(sql, params, many, ctx)
 
     @contextmanager
@@ -114,7 +116,8 @@ def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends
                 runner.tick()
             assert faults.failed, f"write {k} of {clean.count} was never reached"
             failures.append(faults.failed)
-            claiming = faults.failed.startswith("UPDATE loop_task SET lease_owner")
+            # The claim: the one write that moves a task's lease epoch on.
+            claiming = re.search(r'"?lease_epoch"? = "?lease_epoch"? \+ 1', faults.statement)
             named = "claiming a task" if claiming else f"task {task.pk} step 'send'"
             errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
             assert any(named in m and "injected" in m for m in errors), (faults.failed, errors)

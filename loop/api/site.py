@@ -8,9 +8,11 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.core.exceptions import DisallowedHost
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path, re_path
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Router
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -262,6 +264,17 @@ def serve(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 def not_found(request: HttpRequest, **kwargs: Any) -> HttpResponse:
     """Any other path under /api/: a JSON 404 (Django's own is an HTML page)."""
     return error(404, f"path: no API endpoint {request.path} (see /api/openapi.json)")
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's answer to a request it refuses before any view runs (a Host header that is not
+    allowed, a malformed cookie): JSON under /api/, as every other API answer; the usual page
+    elsewhere."""
+    if not request.path.startswith("/" + PREFIX):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, DisallowedHost):
+        return error(400, "Host: not a host this server answers to (ALLOWED_HOSTS)")
+    return error(400, "request: refused before it reached the API")
 
 
 def routes() -> list[tuple[str, str, str]]:
