@@ -25,8 +25,20 @@ from . import cron, tools
 
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 REF_RE = re.compile(r"\$\{([A-Za-z0-9][A-Za-z0-9_-]*)((?:\.[A-Za-z0-9_-]+)*)\}")
-STEP_FIELDS = {"key", "title", "tool", "args", "side_effect", "confirm_before", "max_attempts"}
-PLAN_FIELDS = {"title", "schedule", "timezone", "steps"}
+STEP_FIELDS = {
+    "key",
+    "title",
+    "tool",
+    "args",
+    "side_effect",
+    "confirm_before",
+    "max_attempts",
+    "judge",
+    "instructions",
+    "tools",
+}
+PLAN_FIELDS = {"title", "schedule", "timezone", "steps", "judge", "instructions"}
+JUDGES = ("tool", "model")
 
 
 class PlanError(Exception):
@@ -44,12 +56,16 @@ class StepSpec:
     side_effect: bool
     confirm_before: bool
     max_attempts: int
+    judge: str = "tool"
+    instructions: str = ""
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PlanSpec:
     title: str
     steps: list[StepSpec] = field(default_factory=list)
+    instructions: str = ""
     # A plan with `schedule` makes a schedule, not a task: its runs make tasks from `template`
     # (the plan without schedule and timezone, validated again at each run).
     schedule: str | None = None
@@ -368,14 +384,27 @@ def validate(data: Any) -> PlanSpec:
     elif len(title) > 200:
         errors.append("title: at most 200 characters")
     schedule, zone = _schedule(data, errors)
-    steps = validate_steps(data.get("steps"), errors=errors)
+    judge = data.get("judge")
+    if judge is not None and judge not in JUDGES:
+        errors.append("judge: must be 'tool' or 'model'")
+        judge = None
+    instructions = data.get("instructions", "")
+    if not isinstance(instructions, str):
+        errors.append("instructions: must be a string")
+        instructions = ""
+    steps = validate_steps(data.get("steps"), errors=errors, judge=judge)
     if errors:
         raise PlanError(errors)
     template = None
     if schedule is not None:
         template = {k: v for k, v in data.items() if k not in ("schedule", "timezone")}
     return PlanSpec(
-        title=str(title).strip(), steps=steps, schedule=schedule, timezone=zone, template=template
+        title=str(title).strip(),
+        steps=steps,
+        instructions=instructions,
+        schedule=schedule,
+        timezone=zone,
+        template=template,
     )
 
 
@@ -399,10 +428,15 @@ def _schedule(data: dict[str, Any], errors: list[str]) -> tuple[str | None, str 
 
 
 def validate_steps(
-    raw_steps: Any, *, earlier: frozenset[str] = frozenset(), errors: list[str] | None = None
+    raw_steps: Any,
+    *,
+    earlier: frozenset[str] = frozenset(),
+    errors: list[str] | None = None,
+    judge: str | None = None,
 ) -> list[StepSpec]:
     """Validate a list of steps. `earlier` are keys of steps already in the task, which the
-    new steps may refer to. Raises PlanError unless the caller collects `errors`."""
+    new steps may refer to; `judge` is the plan's, for each step without a `tool` (or a
+    `judge` of its own). Raises PlanError unless the caller collects `errors`."""
     collect = errors if errors is not None else []
     problem = None if errors is not None else check_value(raw_steps, "steps", steps=True)
     if problem:
@@ -413,7 +447,7 @@ def validate_steps(
     seen = set(earlier)
     specs = []
     for index, raw in enumerate(raw_steps):
-        spec = _validate_step(index, raw, seen, collect)
+        spec = _validate_step(index, raw, seen, collect, judge)
         if spec is not None:
             specs.append(spec)
     if errors is None and collect:
@@ -421,7 +455,9 @@ def validate_steps(
     return specs
 
 
-def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> StepSpec | None:
+def _validate_step(
+    index: int, raw: Any, seen: set[str], errors: list[str], plan_judge: str | None = None
+) -> StepSpec | None:
     where = f"steps[{index}]"
     if not isinstance(raw, dict):
         errors.append(f"{where}: must be an object")
@@ -441,6 +477,13 @@ def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> S
     title = raw.get("title", "")
     if not isinstance(title, str) or len(title) > 200:
         errors.append(f"{where}: 'title' must be a string of at most 200 characters")
+    judge = raw.get("judge", plan_judge if "tool" not in raw else None) or "tool"
+    if judge not in JUDGES:
+        errors.append(f"{where}: 'judge' must be 'tool' or 'model'")
+    if judge == "model":
+        return _model_step(where, key, raw, title, errors, before)
+    if "tools" in raw:
+        errors.append(f"{where}: 'tools' is for a model step ('judge: model')")
     tool_name = raw.get("tool")
     tool = None
     if not isinstance(tool_name, str):
@@ -486,6 +529,66 @@ def _validate_step(index: int, raw: Any, seen: set[str], errors: list[str]) -> S
         side_effect=bool(side_effect),
         confirm_before=bool(confirm_before) and bool(side_effect),
         max_attempts=int(max_attempts),
+    )
+
+
+def _model_step(
+    where: str, key: Any, raw: dict[str, Any], title: str, errors: list[str], before: int
+) -> StepSpec | None:
+    """A step the model judge performs (DESIGN.md §12): `instructions` say what to do, `tools`
+    name what it may use (the read-only built-ins when left out); a side-effect tool only on
+    a `side_effect: true` step."""
+    if not settings.LOOP_LLM_BASE_URL:
+        errors.append(f"{where}: 'judge: model' needs a model: LOOP_LLM_BASE_URL is not set")
+    for name in ("tool", "args"):
+        if name in raw:
+            errors.append(f"{where}: '{name}' is for the tool judge; a model step has 'tools'")
+    instructions = raw.get("instructions")
+    if not isinstance(instructions, str) or not instructions.strip():
+        errors.append(f"{where}: 'instructions' is required for a model step, a non-empty string")
+    side_effect = raw.get("side_effect", False)
+    if not isinstance(side_effect, bool):
+        errors.append(f"{where}: 'side_effect' must be true or false")
+        side_effect = False
+    names = raw.get("tools", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        errors.append(f"{where}: 'tools' must be a list of tool names")
+        names = []
+    for name in names:
+        found = tools.find(name)
+        if found is None:
+            errors.append(
+                f"{where}: tools: unknown tool '{name}' (known: {', '.join(tools.names())})"
+            )
+        elif found.side_effect and not side_effect:
+            errors.append(
+                f"{where}: tools: '{name}' has side effects; the step needs 'side_effect: true'"
+            )
+        elif found.disabled():
+            errors.append(f"{where}: tools: '{name}' is off: {found.disabled()}")
+    confirm_before = raw.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
+    if not isinstance(confirm_before, bool):
+        errors.append(f"{where}: 'confirm_before' must be true or false")
+    max_attempts = raw.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= 100
+    ):
+        errors.append(f"{where}: 'max_attempts' must be a whole number from 1 to 100")
+    if len(errors) > before or not isinstance(key, str):
+        return None
+    return StepSpec(
+        key=key,
+        title=title or key,
+        tool="",
+        args={},
+        side_effect=side_effect,
+        confirm_before=bool(confirm_before) and side_effect,
+        max_attempts=int(max_attempts),
+        judge="model",
+        instructions=str(instructions),
+        tools=tuple(dict.fromkeys(names)),
     )
 
 
