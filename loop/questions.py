@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import tools
+from . import tools, transcript
 from .effects import canonical
 from .judges.tool import resolved_args
 from .models import Effect, EffectState, QuestionKind, Step
@@ -70,17 +70,20 @@ def asked_args(step: Step) -> Any:
 
 
 def of_step(step: Step) -> Request:
-    """The step's own call, before any effect of it was recorded."""
-    args = asked_args(step)
-    tool = tools.find(step.tool)
+    """The step's own call, before any effect of it was recorded (a model step's: the
+    side-effect call it waits on)."""
+    name, args = (step.tool, asked_args(step))
+    if step.judge == "model":
+        name, args = transcript.pending_call(step)
+    tool = tools.find(name)
     if tool is None:
-        missing = f"tool '{step.tool}' is not installed"
-        return Request("call", step.tool, "", missing, shown.default(args))
+        missing = f"tool '{name}' is not installed"
+        return Request("call", name, "", missing, shown.default(args))
     try:
         target, summary = tool.summary(args)
     except (tools.ToolError, TypeError, ValueError, AttributeError, KeyError):
         target, summary = "", ""
-    return Request("call", step.tool, target, summary, tool.request_view(args))
+    return Request("call", name, target, summary, tool.request_view(args))
 
 
 def of_effect(effect: Effect) -> Request:
