@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 from django.conf import settings
+
+if TYPE_CHECKING:
+    import openai  # imported when first used: a process without model steps never pays for it
 
 # Backoff between retries of a request the endpoint could not answer (seconds).
 BACKOFF_FIRST = 0.25
@@ -70,6 +72,8 @@ _down_reason = ""
 def client() -> openai.OpenAI:
     """One client per process and configuration (it keeps its connections)."""
     global _client
+    import openai
+
     config = (
         settings.LOOP_LLM_BASE_URL,
         settings.LOOP_LLM_API_KEY,
@@ -112,6 +116,8 @@ def complete(
     """The model's next reply to `messages`, offered `tools`. A failure worth retrying is
     retried after a backoff (or the endpoint's Retry-After), `on_retry(reason, delay)` told
     before each wait, until LOOP_LLM_RETRY_SECONDS have passed."""
+    import openai
+
     give_up = time.monotonic() + float(settings.LOOP_LLM_RETRY_SECONDS)
     attempt = 0
     while True:
@@ -162,6 +168,8 @@ def _reply(response: Any) -> Reply:
 
 
 def _why(exc: openai.APIError) -> str:
+    import openai
+
     if isinstance(exc, openai.APITimeoutError):
         return f"timed out after {settings.LOOP_LLM_TIMEOUT_SECONDS}s"
     if isinstance(exc, openai.APIConnectionError):

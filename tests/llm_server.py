@@ -60,6 +60,7 @@ class ModelServer:
         self.script = script
         self.requests: list[dict[str, Any]] = []
         self.answered = 0  # replies sent (not error answers)
+        self.server_seconds = 0.0  # time spent answering, from the request read to the answer sent
         self._lock = threading.Lock()
         self._calls = 0
         self._server: ThreadingHTTPServer | None = None
@@ -94,6 +95,14 @@ class ModelServer:
                 pass
 
             def do_POST(self) -> None:
+                began = time.perf_counter()
+                try:
+                    self._post()
+                finally:
+                    with model._lock:
+                        model.server_seconds += time.perf_counter() - began
+
+            def _post(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._send(404, {"error": {"message": f"no {self.path}"}})

@@ -250,7 +250,7 @@ class Tick:
             entry = transcript.add_reply(
                 step,
                 answer.content,
-                [c.as_dict() for c in answer.tool_calls],
+                _unique_ids([c.as_dict() for c in answer.tool_calls], rows),
                 prompt_tokens=answer.prompt_tokens,
                 completion_tokens=answer.completion_tokens,
             )
@@ -446,6 +446,17 @@ class Tick:
             if args is not None:
                 return _verdict(self.where, args)
         return None
+
+
+def _unique_ids(found: list[dict[str, str]], rows: list[TranscriptEntry]) -> list[dict[str, str]]:
+    """The reply's calls, each with an id no other call of the step has (a model may repeat
+    or leave out ids): a result must name exactly one call."""
+    seen = {c.get("id") for r in rows for c in r.tool_calls or []}
+    for n, one in enumerate(found):
+        if not one["id"] or one["id"] in seen:
+            one["id"] = f"{one['id'] or 'call'}~{len(rows)}.{n}"
+        seen.add(one["id"])
+    return found
 
 
 def _commit_args(call: dict[str, str]) -> dict[str, Any] | None:
