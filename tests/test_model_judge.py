@@ -316,3 +316,60 @@ def test_dads_allow_covers_one_call_a_second_call_asks_again(
     step.refresh_from_db()
     assert step.state == StepState.FAILED
     assert Effect.objects.filter(step=step).count() == 1
+
+
+def test_long_results_and_outputs_are_cut_with_a_note_never_silently(
+    llm: Any, worker: Worker, settings: Any
+) -> None:
+    settings.LOOP_LLM_RESULT_CHARS = 40
+
+    def script(body: dict[str, Any], n: int) -> Any:
+        key = now_step(body)
+        if key == "long" and not tool_results(body["messages"]):
+            return call("echo", value="x" * 100)
+        return commit(output="y" * 100 if key == "long" else "ok")
+
+    server = llm(script)
+    make_task(model_step("long", "Make it long."), model_step("next", "Read it."))
+    run_until_idle(worker)
+    [result] = tool_results(server.requests[1]["messages"])
+    assert result == '{"value": "' + "x" * 29 + "\n[cut: 73 more characters]"
+    briefing = briefings(server.requests[2]["messages"])[-1]
+    assert "[done] output: " + "y" * 40 + "\n[cut: 60 more characters]" in briefing
+
+
+def test_an_endpoint_that_refuses_the_request_burns_the_attempt_naming_the_status(
+    llm: Any, worker: Worker
+) -> None:
+    llm(lambda body, n: Status(400))
+    task = make_task(model_step("bad", "Try.", max_attempts=2))
+    run_until_idle(worker)
+    step = task.steps.get()
+    assert step.state == StepState.FAILED
+    assert step.error.startswith(
+        "gave up after 2 attempts: step 'bad': the model endpoint answered 400"
+    )
+
+
+def test_the_model_asks_dad_a_question_and_hears_his_answer(
+    llm: Any, worker: Worker, dad: Any
+) -> None:
+    def script(body: dict[str, Any], n: int) -> Any:
+        said = briefings(body["messages"])[-1]
+        if "Dad's last answer about this step: allow Use the blue one." in said:
+            return commit(output="blue")
+        return commit("blocked", question="Which colour, red or blue?")
+
+    llm(script)
+    task = make_task(model_step("paint", "Paint the fence."))
+    run_until_idle(worker)
+    step = task.steps.get()
+    assert step.state == StepState.BLOCKED and step.question_kind == "may_i"
+    assert "Pippa asks: Which colour, red or blue?" in step.question_text
+    actions.unblock(
+        step_id=step.pk, decision="allow", actor="dad", user=dad, note="Use the blue one."
+    )
+    run_until_idle(worker)
+    step.refresh_from_db()
+    assert (step.state, step.output) == (StepState.DONE, "blue")
+    assert_paired(step)

@@ -16,7 +16,7 @@ from loop.models import Effect, EffectState, QuestionKind, Step, StepState, Task
 from loop.models import Worker as WorkerRow
 from loop.permissions import SYSTEM
 
-from .conftest import kill, make_task, process_env, start_runloop, wait_for
+from .conftest import kill, make_task, process_env, start_runloop, task_json, wait_for
 from .llm_server import ModelServer, calls, commit, tool_results
 from .sinks import Mailbox, Receiver, smtp_server
 
@@ -91,6 +91,8 @@ def test_sigkill_after_the_models_email_call_is_committed_sends_it_once_after_re
 
     assert len(box.messages) == 1
     assert box.messages[0]["Subject"] == "Your digest"
+    # the read-only call left without a result ran again after the restart
+    assert runs.read_text().count("begin") == 2
     [effect] = Effect.objects.filter(step=step)
     assert effect.state == EffectState.SUCCEEDED and effect.sends == 1
     rows = transcript.entries(step)
@@ -164,3 +166,9 @@ def test_sigkill_while_the_models_post_is_in_flight_asks_dad_then_tells_the_mode
     rows = transcript.entries(step)
     assert transcript.unpaired(rows) == []
     assert [r.effect_id for r in rows if r.role == "tool"] == [effect.pk, ""]
+    shown = task_json(task.pk)["steps"][0]
+    assert [m["role"] for m in shown["transcript"]][-4:] == ["tool", "user", "assistant", "tool"]
+    call_result = next(m for m in shown["transcript"] if m["effect"])
+    assert call_result["effect"]["id"] == effect.pk
+    assert call_result["effect"]["state"] == "succeeded"
+    assert shown["tokens"]["prompt"] > 0
