@@ -55,7 +55,7 @@ def main() -> None:
         setup_django(folder)
         from django.conf import settings
 
-        from loop import actions, plans
+        from loop import actions, llm, plans
         from loop.models import Step, StepState, TranscriptEntry
         from loop.permissions import SYSTEM
         from loop.worker import Worker
@@ -67,6 +67,17 @@ def main() -> None:
                 return calls(*[("echo", {"value": [said, c]}) for c in range(options.calls)])
             return commit(output=said)
 
+        in_client = [0.0]
+        complete = llm.complete
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return complete(*args, **kwargs)
+            finally:
+                in_client[0] += time.perf_counter() - began
+
+        llm.complete = timed  # type: ignore[assignment]
         with ModelServer(script) as model:
             settings.LOOP_LLM_BASE_URL = model.base_url
             settings.LOOP_LLM_MAX_TURNS = options.turns + 2
@@ -83,6 +94,7 @@ def main() -> None:
             while runner.tick():
                 pass
             served_before, asked_before = model.server_seconds, len(model.requests)
+            in_client[0] = 0.0
             calls_before = TranscriptEntry.objects.filter(role="tool").count()
             for _ in range(options.tasks):
                 actions.create_task(plan=spec, actor="bench", user=SYSTEM)
@@ -102,6 +114,12 @@ def main() -> None:
         )
         print(f"loop time per turn: {1000 * loop / turns:.2f} ms")
         print(f"loop time per tool call: {1000 * loop / tool_calls:.2f} ms")
+        client = in_client[0] - served
+        print(
+            f"of which the openai client (request out, reply parsed): {1000 * client / turns:.2f} ms"
+            f" per turn; the rest (transcript commits, tools, starts and verdicts): "
+            f"{1000 * (loop - client) / turns:.2f} ms per turn"
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
