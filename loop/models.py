@@ -106,6 +106,7 @@ class EventKind(models.TextChoices):
     SCHEDULE_FAILED = "schedule_failed"
     MODEL_RETRY = "model_retry"
     MODEL_CALL_REFUSED = "model_call_refused"
+    TRANSCRIPT_ENTRY = "transcript_entry"  # a model step's transcript grew (the live feed)
 
 
 class Origin(models.TextChoices):

@@ -16,7 +16,8 @@ from typing import Any
 
 from django.db import transaction
 
-from .models import Step, TranscriptEntry
+from . import journal
+from .models import EventKind, Step, TranscriptEntry
 
 Role = TranscriptEntry.Role
 
@@ -40,11 +41,22 @@ def _next_seq(step: Step) -> int:
     return 0 if last is None else last + 1
 
 
-def add(step: Step, role: str, content: str) -> TranscriptEntry:
+def _journaled(entry: TranscriptEntry, step: Step, actor: str) -> TranscriptEntry:
+    """Journal the new entry in its transaction: the live pages follow the journal."""
+    data: dict[str, Any] = {"seq": entry.seq, "role": entry.role}
+    if entry.tool_call_id:
+        data["tool_call_id"] = entry.tool_call_id
+    if entry.effect_id:
+        data["effect_id"] = entry.effect_id
+    journal.record(EventKind.TRANSCRIPT_ENTRY, step=step, actor=actor, **data)
+    return entry
+
+
+def add(step: Step, role: str, content: str, *, actor: str = "") -> TranscriptEntry:
     """A system or user message."""
     assert role in (Role.SYSTEM, Role.USER), role
     with transaction.atomic():
-        return TranscriptEntry.objects.create(
+        entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
             step_id=step.pk,
             attempt=step.attempts,
@@ -52,6 +64,7 @@ def add(step: Step, role: str, content: str) -> TranscriptEntry:
             role=role,
             content=content,
         )
+        return _journaled(entry, step, actor)
 
 
 def add_reply(
@@ -61,10 +74,11 @@ def add_reply(
     *,
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
+    actor: str = "",
 ) -> TranscriptEntry:
     """The model's reply with its calls, in one row: committed before any call runs."""
     with transaction.atomic():
-        return TranscriptEntry.objects.create(
+        entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
             step_id=step.pk,
             attempt=step.attempts,
@@ -75,9 +89,12 @@ def add_reply(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+        return _journaled(entry, step, actor)
 
 
-def add_result(step: Step, call_id: str, content: str, effect_id: str = "") -> TranscriptEntry:
+def add_result(
+    step: Step, call_id: str, content: str, effect_id: str = "", *, actor: str = ""
+) -> TranscriptEntry:
     """The one result of the call `call_id`: refused (`Orphan`) unless that call is in the
     step's transcript without a result."""
     with transaction.atomic():
@@ -91,7 +108,7 @@ def add_result(step: Step, call_id: str, content: str, effect_id: str = "") -> T
             raise Orphan(f"step '{step.key}': no call {call_id!r} in its transcript")
         if mine.filter(role=Role.TOOL, tool_call_id=call_id).exists():
             raise Orphan(f"step '{step.key}': call {call_id!r} has its result already")
-        return TranscriptEntry.objects.create(
+        entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
             step_id=step.pk,
             attempt=step.attempts,
@@ -101,6 +118,7 @@ def add_result(step: Step, call_id: str, content: str, effect_id: str = "") -> T
             tool_call_id=call_id,
             effect_id=effect_id,
         )
+        return _journaled(entry, step, actor)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ answering `POST /v1/chat/completions` from a script, and recording every request
 
 A script is a list (one item per request, in turn) or a function `(request, n) -> item`.
 An item is a reply (`say`, `call`, `calls`, `commit`), `Status(code, headers)` (an error
-answer), `Refuse(seconds)` (drop this connection and refuse new ones for that long), or a
+answer), `Slow(seconds, item)`, `Refuse(seconds)` (drop this connection and refuse new ones for that long), or a
 callable run first (e.g. to SIGKILL a process) whose return value is the item.
 """
 
@@ -35,6 +35,14 @@ class Status:
 @dataclass(frozen=True)
 class Refuse:
     seconds: float
+
+
+@dataclass(frozen=True)
+class Slow:
+    """Answer `then`, after `seconds` (a client with a shorter timeout has given up)."""
+
+    seconds: float
+    then: Any
 
 
 def say(text: str) -> dict[str, Any]:
@@ -113,6 +121,9 @@ class ModelServer:
                 item = model._item(body, n)
                 while callable(item) and not isinstance(item, dict):
                     item = item()
+                if isinstance(item, Slow):
+                    time.sleep(item.seconds)
+                    item = item.then
                 if isinstance(item, Refuse):
                     model._refuse(item.seconds)
                     self.close_connection = True
@@ -135,7 +146,10 @@ class ModelServer:
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a timeout): that is the point
 
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from loop import actions, transcript
-from loop.models import Effect, Event, EventKind, Step, StepState, TaskState
+from loop.models import Effect, Event, EventKind, Step, StepState, TaskState, TranscriptEntry
 from loop.worker import Worker
 
 from .conftest import make_task, run_until_idle
 from .llm_server import (
     ModelServer,
     Refuse,
+    Slow,
     Status,
     briefings,
     call,
@@ -102,6 +103,12 @@ def test_three_model_steps_pass_their_outputs_on(llm: Any, worker: Worker) -> No
     assert tool_results(server.requests[1]["messages"]) == ['{"value": {"price": 42}}']
     for s in task.steps.all():
         assert_paired(s)
+    # every entry is journaled with it: the live pages follow the journal
+    journaled = Event.objects.filter(task=task, kind=EventKind.TRANSCRIPT_ENTRY)
+    assert sorted((e.step_id, e.data["seq"]) for e in journaled) == sorted(
+        TranscriptEntry.objects.filter(task=task).values_list("step_id", "seq")
+    )
+    assert {e.actor for e in journaled} == {worker.actor}
 
 
 def test_the_model_revises_the_plan_with_add_steps(llm: Any, worker: Worker) -> None:
@@ -373,3 +380,16 @@ def test_the_model_asks_dad_a_question_and_hears_his_answer(
     step.refresh_from_db()
     assert (step.state, step.output) == (StepState.DONE, "blue")
     assert_paired(step)
+
+
+def test_a_model_request_that_times_out_is_retried_and_journaled(
+    llm: Any, worker: Worker, settings: Any
+) -> None:
+    settings.LOOP_LLM_TIMEOUT_SECONDS = 0.5
+    llm([Slow(2, commit(output="too late")), commit(output="in time")])
+    task = make_task(model_step("slow", "Be quick.", max_attempts=1))
+    run_until_idle(worker)
+    step = task.steps.get()
+    assert (step.state, step.output, step.attempts) == (StepState.DONE, "in time", 1)
+    [retry] = Event.objects.filter(kind=EventKind.MODEL_RETRY)
+    assert retry.data["reason"] == "timed out after 0.5s"

@@ -33,158 +33,27 @@ from ..models import Effect, Event, EventKind, Step, TranscriptEntry
 from ..outcomes import Busy, Done, Fenced, NotSent, Rejected, Uncertain
 from ..permissions import SYSTEM
 from .base import Verdict, Work
+from .prompt import (
+    ADD_STEPS,
+    COMMIT,
+    REMINDER,
+    SYSTEM_TEXT,
+    VERDICTS,
+    as_text,
+    briefing,
+    cut,
+    model_name,
+    offered,
+    tool_specs,
+)
 
 log = logging.getLogger("loop.judge.model")
-
-COMMIT = "commit_step"
-ADD_STEPS = "add_steps"
-VERDICTS = ("done", "failed", "retry", "blocked")
-REMINDER = (
-    "You answered without calling a tool. To finish this step, call commit_step with a "
-    "verdict (done, failed, retry or blocked) and the step's output."
-)
-SYSTEM_TEXT = (
-    "You are Pippa, an assistant that carries out one step of a task at a time for Dad. "
-    "Use the tools you are given to do the step. Every tool call gets its result. Side "
-    "effects (mails, posts, writes) happen exactly once; if a result says one may have "
-    "happened, believe it and do not try again. When the step is finished call commit_step: "
-    "verdict 'done' with its output, 'failed' with the error, 'retry' to try again later, or "
-    "'blocked' with a question for Dad. You may revise the plan with add_steps."
-)
-
-Result = tuple[str, str]  # a call's result: its text, and the effect it made ("" if none)
-
-
-def model_name(tool_name: str) -> str:
-    return tool_name.replace(".", "_")
-
-
-def cut(text: str, limit: int | None = None) -> str:
-    """`text` within LOOP_LLM_RESULT_CHARS, with a note of what was cut: never silently."""
-    limit = int(settings.LOOP_LLM_RESULT_CHARS) if limit is None else limit
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n[cut: {len(text) - limit} more characters]"
-
-
-def as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
 
 
 def call_key(step: Step, entry: TranscriptEntry, index: int) -> str:
     """The effect id of the `index`-th call of the reply `entry`: the same committed call is
     the same effect, whatever happens to the process running it."""
     return hashlib.sha256(f"model\0{step.pk}\0{entry.pk}\0{index}".encode()).hexdigest()
-
-
-# ---- what the model is offered -------------------------------------------------------------
-
-
-def offered(step: Step) -> dict[str, tools.Tool]:
-    """The tools the step may use, by the names the model sees: its `tools`, or every
-    read-only built-in when it names none; never a side-effect tool on a read-only step."""
-    names = step.tools or [n for n in tools.names() if not tools.get(n).side_effect]
-    found = {}
-    for name in names:
-        tool = tools.find(name)
-        if tool is None or tool.disabled() or (tool.side_effect and not step.side_effect):
-            continue
-        found[model_name(name)] = tool
-    return found
-
-
-ARG_TYPES = {"string", "number", "integer", "boolean", "object"}
-
-
-def _schema(arg: tools.Arg) -> dict[str, Any]:
-    if arg.type in ARG_TYPES:
-        return {"type": arg.type}
-    if arg.type == "list":
-        items = {"type": arg.items} if arg.items in ARG_TYPES else {}
-        return {"type": "array", "items": items}
-    return {}
-
-
-def tool_specs(step: Step) -> list[dict[str, Any]]:
-    specs = [
-        {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": f"the tool '{tool.name}'"
-                + (" (side effect: happens once)" if tool.side_effect else " (read-only)"),
-                "parameters": {
-                    "type": "object",
-                    "properties": {a: _schema(spec) for a, spec in tool.args.items()},
-                    "required": [a for a, spec in tool.args.items() if spec.required],
-                },
-            },
-        }
-        for name, tool in offered(step).items()
-    ]
-    return [*specs, *ENDING_TOOLS]
-
-
-ENDING_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": COMMIT,
-            "description": "End this step with a verdict.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "verdict": {"type": "string", "enum": list(VERDICTS)},
-                    "output": {"description": "the step's output (any JSON), for 'done'"},
-                    "error": {"type": "string", "description": "why, for failed/retry"},
-                    "question": {"type": "string", "description": "for 'blocked': ask Dad"},
-                },
-                "required": ["verdict"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": ADD_STEPS,
-            "description": "Revise the plan: add steps (plan-file steps) after a step's key.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "steps": {"type": "array", "items": {"type": "object"}},
-                    "after": {"type": "string"},
-                },
-                "required": ["steps"],
-            },
-        },
-    },
-]
-
-
-def briefing(step: Step) -> str:
-    """What the model is told at the start of each attempt."""
-    task = step.task
-    lines = [f"Task: {task.title}"]
-    if task.instructions:
-        lines += ["Goal:", task.instructions]
-    lines.append("Plan (key, title, state, output so far):")
-    for key, title, state, output in task.steps.order_by("position").values_list(
-        "key", "title", "state", "output"
-    ):
-        line = f"- {key}: {title} [{state}]"
-        if output is not None:
-            line += f" output: {cut(as_text(output))}"
-        lines.append(line)
-    lines += [
-        f"Your step now: {step.key}: {step.title} (attempt {step.attempts} of {step.max_attempts})",
-        "Instructions:",
-        step.instructions,
-    ]
-    answer = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).order_by("-id").first()
-    if answer is not None and step.attempts > 1:
-        note = answer.data.get("note") or ""
-        lines.append(f"Dad's last answer about this step: {answer.data.get('decision')} {note}")
-    return "\n".join(lines)
 
 
 # ---- the judge -----------------------------------------------------------------------------
@@ -222,7 +91,7 @@ class Tick:
         step = self.step
         rows = transcript.entries(step)
         if not rows:
-            transcript.add(step, transcript.Role.SYSTEM, SYSTEM_TEXT)
+            transcript.add(step, transcript.Role.SYSTEM, SYSTEM_TEXT, actor=self.holder.actor)
         resumed = transcript.dangling(rows)
         for one in resumed:
             stop = self.answer(one.entry, one.index, one.call)
@@ -233,7 +102,7 @@ class Tick:
         if ended is not None:
             return ended  # the reply answered now ended the step
         if not any(r.role == transcript.Role.USER and r.attempt == step.attempts for r in rows):
-            transcript.add(step, transcript.Role.USER, briefing(step))
+            transcript.add(step, transcript.Role.USER, briefing(step), actor=self.holder.actor)
         specs = tool_specs(step)
         for _ in range(int(settings.LOOP_LLM_MAX_TURNS)):
             rows = transcript.entries(step)
@@ -253,6 +122,7 @@ class Tick:
                 _unique_ids([c.as_dict() for c in answer.tool_calls], rows),
                 prompt_tokens=answer.prompt_tokens,
                 completion_tokens=answer.completion_tokens,
+                actor=self.holder.actor,
             )
             if not answer.tool_calls:
                 reminded = any(
@@ -263,7 +133,7 @@ class Tick:
                 )
                 if reminded:
                     return Verdict.retry(f"{self.where}: the model stopped without commit_step")
-                transcript.add(step, transcript.Role.USER, REMINDER)
+                transcript.add(step, transcript.Role.USER, REMINDER, actor=self.holder.actor)
                 continue
             for index, one in enumerate(entry.tool_calls):
                 stop = self.answer(entry, index, one)
@@ -313,7 +183,9 @@ class Tick:
             if problem:
                 self._refuse(call_id, name, problem)
             else:
-                transcript.add_result(self.step, call_id, f"committed: {args['verdict']}")
+                transcript.add_result(
+                    self.step, call_id, f"committed: {args['verdict']}", actor=self.holder.actor
+                )
             return None
         if name == ADD_STEPS:
             self._add_steps(call_id, args)
@@ -333,7 +205,9 @@ class Tick:
             self._refuse(call_id, name, "; ".join(problems))
             return None
         if not tool.side_effect:
-            transcript.add_result(self.step, call_id, cut(self._read(tool, args)))
+            transcript.add_result(
+                self.step, call_id, cut(self._read(tool, args)), actor=self.holder.actor
+            )
             return None
         return self._side_effect(entry, index, call_id, tool, args)
 
@@ -365,12 +239,16 @@ class Tick:
             )
         [outcome] = effects.send_all([effects.Request(self.holder, step, tool, args, key=key)])
         if isinstance(outcome, Done):
-            transcript.add_result(step, call_id, cut(_done_text(outcome, key)), effect_id=key)
+            transcript.add_result(
+                step, call_id, cut(_done_text(outcome, key)), effect_id=key, actor=self.holder.actor
+            )
         elif isinstance(outcome, Rejected):
-            transcript.add_result(step, call_id, f"error: {outcome.error}", effect_id=key)
+            transcript.add_result(
+                step, call_id, f"error: {outcome.error}", effect_id=key, actor=self.holder.actor
+            )
         elif isinstance(outcome, NotSent):
             text = f"error: not sent: {outcome.error} (try again later)"
-            transcript.add_result(step, call_id, text, effect_id=key)
+            transcript.add_result(step, call_id, text, effect_id=key, actor=self.holder.actor)
         elif isinstance(outcome, Uncertain):
             return Verdict.blocked(f"{self.where}: may have happened: {outcome}")
         elif isinstance(outcome, Busy):
@@ -412,7 +290,9 @@ class Tick:
                     user=SYSTEM,
                 )
                 keys = ", ".join(s.key for s in added)
-                transcript.add_result(self.step, call_id, f"added steps: {keys}")
+                transcript.add_result(
+                    self.step, call_id, f"added steps: {keys}", actor=self.holder.actor
+                )
         except (plans.PlanError, actions.Refused) as exc:
             self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
 
@@ -425,7 +305,7 @@ class Tick:
                 tool=name,
                 why=why,
             )
-            transcript.add_result(self.step, call_id, f"error: {why}")
+            transcript.add_result(self.step, call_id, f"error: {why}", actor=self.holder.actor)
 
     def _after_commit(self, entry: TranscriptEntry, index: int) -> bool:
         """Whether an earlier call of this reply was a valid commit_step."""
