@@ -102,6 +102,12 @@ class ModelServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                # Headers and body go out in separate writes: without this, Nagle's algorithm
+                # and the client's delayed ACK hold each answer ~40 ms (no real server does).
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def do_POST(self) -> None:
                 began = time.perf_counter()
                 try:
