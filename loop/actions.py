@@ -107,6 +107,7 @@ def _create(
     with transaction.atomic():
         task = Task.objects.create(
             title=plan.title,
+            instructions=plan.instructions,
             created_by=actor,
             origin=origin,
             origin_run=run,
@@ -135,6 +136,9 @@ def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: st
             side_effect=spec.side_effect,
             confirm_before=spec.confirm_before,
             max_attempts=spec.max_attempts,
+            judge=spec.judge,
+            instructions=spec.instructions,
+            tools=list(spec.tools),
         )
         for index, spec in enumerate(specs)
     ]

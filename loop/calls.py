@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from . import journal, questions
+from . import journal, questions, transcript
 from .effects import canonical
 from .models import Effect, EffectState, EventKind, Step
 
@@ -25,7 +25,9 @@ def digest(tool: str, args: Any) -> str:
 def of(step: Step) -> str:
     """The digest of the call the step makes now: its args filled from earlier outputs, as
     the question shows them (as written, while a reference can't be filled: then the judge
-    fails the step, and nothing is sent)."""
+    fails the step, and nothing is sent). A model step's: the side-effect call it waits on."""
+    if step.judge == "model":
+        return digest(*transcript.pending_call(step))
     return digest(step.tool, questions.asked_args(step))
 
 

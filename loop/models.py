@@ -108,6 +108,9 @@ class EventKind(models.TextChoices):
     SCHEDULE_EDITED = "schedule_edited"
     SCHEDULE_FIRED = "schedule_fired"
     SCHEDULE_FAILED = "schedule_failed"
+    MODEL_RETRY = "model_retry"
+    MODEL_CALL_REFUSED = "model_call_refused"
+    TRANSCRIPT_ENTRY = "transcript_entry"  # a model step's transcript grew (the live feed)
 
 
 class Origin(models.TextChoices):
@@ -177,6 +180,9 @@ class Task(models.Model):
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
     )
 
+    # The plan's goal in words (what the model judge is shown of the task).
+    instructions = models.TextField(blank=True)
+
     objects = TaskQuerySet.as_manager()
 
     class Meta:
@@ -231,6 +237,12 @@ class Step(models.Model):
     side_effect = models.BooleanField(default=False)
     confirm_before = models.BooleanField(default=False)
     max_attempts = models.PositiveIntegerField(default=5)
+    # Who performs it (DESIGN.md §12): "tool" runs `tool` with `args`; "model" is a model's
+    # turn, told what to do in `instructions`, offered `tools` (names; empty: the read-only
+    # built-ins).
+    judge = models.CharField(max_length=8, default="tool")
+    instructions = models.TextField(blank=True)
+    tools = models.JSONField(default=list, blank=True)
 
     state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -315,6 +327,47 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"effect {self.tool} {self.target}"
+
+
+class TranscriptEntry(models.Model):
+    """One message of a model step's conversation (DESIGN.md §12), across its attempts: an
+    assistant reply with its tool calls in one row, each call's result in one row of its own."""
+
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="transcript")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="transcript")
+    attempt = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()  # its place in the step's conversation
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    tool_calls = models.JSONField(default=list, blank=True)  # [{"id", "name", "arguments"}]
+    tool_call_id = models.CharField(max_length=200, blank=True)
+    # The effect a side-effect call produced (on its result's row); no constraint, as Event's.
+    effect_id = models.CharField(max_length=64, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["step", "seq"]
+        constraints = [
+            # The conversation's order; also the index that reads a step's transcript.
+            models.UniqueConstraint(fields=["step", "seq"], name="transcript_step_seq"),
+            # At most one result per call.
+            models.UniqueConstraint(
+                fields=["step", "tool_call_id"],
+                condition=models.Q(role="tool"),
+                name="transcript_one_result",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.seq} of step {self.step_id}"
 
 
 class Event(models.Model):

@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from . import cron, tools
+from .models import Step, StepState
 from .safe_input import (  # noqa: F401  (the plans' readers, used as plans.load_json etc.)
     KEY_RE,
     PlanError,
@@ -32,8 +33,20 @@ from .safe_input import (  # noqa: F401  (the plans' readers, used as plans.load
 )
 
 REF_RE = re.compile(r"\$\{([A-Za-z0-9][A-Za-z0-9_-]*)((?:\.[A-Za-z0-9_-]+)*)\}")
-STEP_FIELDS = {"key", "title", "tool", "args", "side_effect", "confirm_before", "max_attempts"}
-PLAN_FIELDS = {"title", "schedule", "timezone", "steps"}
+STEP_FIELDS = {
+    "key",
+    "title",
+    "tool",
+    "args",
+    "side_effect",
+    "confirm_before",
+    "max_attempts",
+    "judge",
+    "instructions",
+    "tools",
+}
+PLAN_FIELDS = {"title", "schedule", "timezone", "steps", "judge", "instructions"}
+JUDGES = ("tool", "model")
 
 
 @dataclass(frozen=True)
@@ -45,12 +58,16 @@ class StepSpec:
     side_effect: bool
     confirm_before: bool
     max_attempts: int
+    judge: str = "tool"
+    instructions: str = ""
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PlanSpec:
     title: str
     steps: list[StepSpec] = field(default_factory=list)
+    instructions: str = ""
     # A plan with `schedule` makes a schedule, not a task: its runs make tasks from `template`
     # (the plan without schedule and timezone, validated again at each run).
     schedule: str | None = None
@@ -75,14 +92,27 @@ def validate(data: Any) -> PlanSpec:
     elif len(title) > 200:
         errors.append("title: at most 200 characters")
     schedule, zone = _schedule(data, errors)
-    steps = validate_steps(data.get("steps"), errors=errors)
+    judge = data.get("judge")
+    if judge is not None and judge not in JUDGES:
+        errors.append("judge: must be 'tool' or 'model'")
+        judge = None
+    instructions = data.get("instructions", "")
+    if not isinstance(instructions, str):
+        errors.append("instructions: must be a string")
+        instructions = ""
+    steps = validate_steps(data.get("steps"), errors=errors, judge=judge)
     if errors:
         raise PlanError(errors)
     template = None
     if schedule is not None:
         template = {k: v for k, v in data.items() if k not in ("schedule", "timezone")}
     return PlanSpec(
-        title=str(title).strip(), steps=steps, schedule=schedule, timezone=zone, template=template
+        title=str(title).strip(),
+        steps=steps,
+        instructions=instructions,
+        schedule=schedule,
+        timezone=zone,
+        template=template,
     )
 
 
@@ -106,10 +136,15 @@ def _schedule(data: dict[str, Any], errors: list[str]) -> tuple[str | None, str 
 
 
 def validate_steps(
-    raw_steps: Any, *, earlier: frozenset[str] = frozenset(), errors: list[str] | None = None
+    raw_steps: Any,
+    *,
+    earlier: frozenset[str] = frozenset(),
+    errors: list[str] | None = None,
+    judge: str | None = None,
 ) -> list[StepSpec]:
     """Validate a list of steps. `earlier` are keys of steps already in the task, which the
-    new steps may refer to. Raises PlanError unless the caller collects `errors`."""
+    new steps may refer to; `judge` is the plan's, for each step without a `tool` (or a
+    `judge` of its own). Raises PlanError unless the caller collects `errors`."""
     collect = errors if errors is not None else []
     problem = None if errors is not None else check_value(raw_steps, "steps", steps=True)
     if problem:
@@ -123,7 +158,9 @@ def validate_steps(
         if not isinstance(raw, dict):
             collect.append(f"steps[{index}]: must be an object")
             continue
-        found = check_step(raw, where=f"steps[{index}]", earlier=seen, screened=True)
+        found = check_step(
+            raw, where=f"steps[{index}]", earlier=seen, screened=True, plan_judge=judge
+        )
         collect.extend(found.errors)
         key = raw.get("key")
         if isinstance(key, str) and KEY_RE.match(key):
@@ -156,11 +193,13 @@ def check_step(
     where: str,
     earlier: AbstractSet[str] | None = None,
     screened: bool = False,
+    plan_judge: str | None = None,
 ) -> StepCheck:
     """The one check of a step's plan fields, for every door that writes them (a plan, added
     steps, the admin's edits through `actions.edit_steps`): `fields` are the step's fields as
-    given (key, title, tool, args, side_effect, confirm_before, max_attempts); a field left
-    out takes its default. Errors name the step by its key, or by `where` while the key is not
+    given (key, title, judge, tool, args, instructions, tools, side_effect, confirm_before,
+    max_attempts); a field left out takes its default, and a step without a `tool` or a
+    `judge` of its own takes the plan's (`plan_judge`). Errors name the step by its key, or by `where` while the key is not
     valid. `${key}` references in args must name a key in `earlier` (not checked when None);
     `screened` says the values were already checked as stored JSON (`check_value`).
 
@@ -187,6 +226,13 @@ def check_step(
     title = fields.get("title", "")
     if not isinstance(title, str) or len(title) > 200:
         problems.append(("title", f"{where}: 'title' must be a string of at most 200 characters"))
+    judge = fields.get("judge", plan_judge if "tool" not in fields else None) or "tool"
+    if judge not in JUDGES:
+        problems.append(("judge", f"{where}: 'judge' must be 'tool' or 'model'"))
+    if judge == "model":
+        return _model_step(where, key, fields, title, problems)
+    if "tools" in fields:
+        problems.append(("tools", f"{where}: 'tools' is for a model step ('judge: model')"))
     tool_name = fields.get("tool")
     tool = None
     if not isinstance(tool_name, str):
@@ -216,18 +262,7 @@ def check_step(
                 f"{where}: tool '{tool.name}' has side effects; 'side_effect' can't be false",
             )
         )
-    confirm_before = fields.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
-    if not isinstance(confirm_before, bool):
-        problems.append(("confirm_before", f"{where}: 'confirm_before' must be true or false"))
-    max_attempts = fields.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= 100
-    ):
-        problems.append(
-            ("max_attempts", f"{where}: 'max_attempts' must be a whole number from 1 to 100")
-        )
+    confirm_before, max_attempts = _attempt_fields(fields, where, problems)
     if problems or not isinstance(key, str) or tool is None:
         return StepCheck(None, problems)
     spec = StepSpec(
@@ -236,8 +271,8 @@ def check_step(
         tool=tool.name,
         args=args,
         side_effect=bool(side_effect),
-        confirm_before=bool(confirm_before) and bool(side_effect),
-        max_attempts=int(max_attempts),
+        confirm_before=confirm_before and bool(side_effect),
+        max_attempts=max_attempts,
     )
     return StepCheck(spec, problems)
 
@@ -255,6 +290,95 @@ def _call_problems(tool: tools.Tool, args: Any, where: str) -> list[tuple[str, s
     if reason:
         found.append(("tool", f"{where}: tool '{tool.name}' is off: {reason}"))
     return found
+
+
+def _attempt_fields(
+    fields: Mapping[str, Any], where: str, problems: list[tuple[str, str]]
+) -> tuple[bool, int]:
+    """`confirm_before` and `max_attempts`, as every step has them."""
+    confirm_before = fields.get("confirm_before", settings.LOOP_CONFIRM_SIDE_EFFECTS)
+    if not isinstance(confirm_before, bool):
+        problems.append(("confirm_before", f"{where}: 'confirm_before' must be true or false"))
+    max_attempts = fields.get("max_attempts", settings.LOOP_MAX_ATTEMPTS)
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= 100
+    ):
+        problems.append(
+            ("max_attempts", f"{where}: 'max_attempts' must be a whole number from 1 to 100")
+        )
+    return bool(confirm_before), max_attempts if isinstance(max_attempts, int) else 1
+
+
+def _model_step(
+    where: str, key: Any, fields: Mapping[str, Any], title: str, problems: list[tuple[str, str]]
+) -> StepCheck:
+    """A step the model judge performs (DESIGN.md §12): `instructions` say what to do, `tools`
+    name what it may use (the read-only built-ins when left out); a side-effect tool only on
+    a `side_effect: true` step."""
+    if not settings.LOOP_LLM_BASE_URL:
+        message = f"{where}: 'judge: model' needs a model: LOOP_LLM_BASE_URL is not set"
+        problems.append(("judge", message))
+    for name in ("tool", "args"):
+        if name in fields:
+            message = f"{where}: '{name}' is for the tool judge; a model step has 'tools'"
+            problems.append((name, message))
+    instructions = fields.get("instructions")
+    if not isinstance(instructions, str) or not instructions.strip():
+        message = f"{where}: 'instructions' is required for a model step, a non-empty string"
+        problems.append(("instructions", message))
+    side_effect = fields.get("side_effect", False)
+    if not isinstance(side_effect, bool):
+        problems.append(("side_effect", f"{where}: 'side_effect' must be true or false"))
+        side_effect = False
+    names = fields.get("tools", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        problems.append(("tools", f"{where}: 'tools' must be a list of tool names"))
+        names = []
+    for name in names:
+        found = tools.find(name)
+        if found is None:
+            known = ", ".join(tools.names())
+            problems.append(("tools", f"{where}: tools: unknown tool '{name}' (known: {known})"))
+        elif found.side_effect and not side_effect:
+            message = (
+                f"{where}: tools: '{name}' has side effects; the step needs 'side_effect: true'"
+            )
+            problems.append(("tools", message))
+        elif found.disabled():
+            problems.append(("tools", f"{where}: tools: '{name}' is off: {found.disabled()}"))
+    confirm_before, max_attempts = _attempt_fields(fields, where, problems)
+    if problems or not isinstance(key, str):
+        return StepCheck(None, problems)
+    spec = StepSpec(
+        key=key,
+        title=title or key,
+        tool="",
+        args={},
+        side_effect=side_effect,
+        confirm_before=confirm_before and side_effect,
+        max_attempts=max_attempts,
+        judge="model",
+        instructions=str(instructions),
+        tools=tuple(dict.fromkeys(names)),
+    )
+    return StepCheck(spec, problems)
+
+
+def resolved_args(step: Step) -> dict[str, Any]:
+    """The stored step's args, their `${key.path}` references filled from earlier steps'
+    outputs (ToolError if one cannot be): the call it makes when it runs."""
+    keys = references(step.args)
+    if not keys:
+        return step.args
+    # Only the steps named, through the index step_key_unique (task, key): never the whole plan.
+    outputs = dict(
+        Step.objects.filter(
+            task_id=step.task_id, key__in=sorted(keys), state=StepState.DONE
+        ).values_list("key", "output")
+    )
+    return resolve(step.args, outputs)
 
 
 def references(value: Any) -> set[str]:

@@ -8,9 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import tools
+from . import plans, tools, transcript
 from .effects import canonical
-from .judges.tool import resolved_args
 from .models import Effect, EffectState, QuestionKind, Step, StepState
 from .tools import shown
 
@@ -66,23 +65,26 @@ def asked_args(step: Step) -> Any:
     """The args the step's call runs with: references filled from earlier outputs, or as
     written while one can't be (then the judge fails the step and nothing is sent)."""
     try:
-        return resolved_args(step)
+        return plans.resolved_args(step)
     except tools.ToolError:
         return step.args
 
 
 def of_step(step: Step) -> Request:
-    """The step's own call, before any effect of it was recorded."""
-    args = asked_args(step)
-    tool = tools.find(step.tool)
+    """The step's own call, before any effect of it was recorded (a model step's: the
+    side-effect call it waits on)."""
+    name, args = (step.tool, asked_args(step))
+    if step.judge == "model":
+        name, args = transcript.pending_call(step)
+    tool = tools.find(name)
     if tool is None:
-        missing = f"tool '{step.tool}' is not installed"
-        return Request("call", step.tool, "", missing, shown.default(args))
+        missing = f"tool '{name}' is not installed"
+        return Request("call", name, "", missing, shown.default(args))
     try:
         target, summary = tool.summary(args)
     except (tools.ToolError, TypeError, ValueError, AttributeError, KeyError):
         target, summary = "", ""
-    return Request("call", step.tool, target, summary, tool.request_view(args))
+    return Request("call", name, target, summary, tool.request_view(args))
 
 
 def of_effect(effect: Effect) -> Request:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import questions
-from .models import Effect, Event, Origin, Step, Task
+from .models import Effect, Event, Origin, Step, Task, TranscriptEntry
 
 
 def effect_dict(effect: Effect) -> dict[str, Any]:
@@ -37,10 +37,50 @@ def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
     }
 
 
-def step_dict(step: Step, effects: list[Effect] | None = None) -> dict[str, Any]:
-    """The step with its effects (read here unless the caller read them already)."""
+def entry_dict(entry: TranscriptEntry, effects: dict[str, Effect]) -> dict[str, Any]:
+    """One message of a model step's transcript; a side-effect call's result names the effect
+    it produced, with its state and receipt."""
+    effect = effects.get(entry.effect_id) if entry.effect_id else None
+    return {
+        "seq": entry.seq,
+        "attempt": entry.attempt,
+        "role": entry.role,
+        "content": entry.content,
+        "tool_calls": entry.tool_calls or [],
+        "tool_call_id": entry.tool_call_id or None,
+        "effect": (
+            {
+                "id": effect.pk,
+                "tool": effect.tool,
+                "state": effect.state,
+                "response": effect.response,
+            }
+            if effect
+            else ({"id": entry.effect_id} if entry.effect_id else None)
+        ),
+        "tokens": {"prompt": entry.prompt_tokens, "completion": entry.completion_tokens},
+        "at": entry.created_at.isoformat(),
+    }
+
+
+def tokens_of(entries: list[TranscriptEntry]) -> dict[str, int]:
+    return {
+        "prompt": sum(e.prompt_tokens for e in entries),
+        "completion": sum(e.completion_tokens for e in entries),
+    }
+
+
+def step_dict(
+    step: Step,
+    effects: list[Effect] | None = None,
+    entries: list[TranscriptEntry] | None = None,
+) -> dict[str, Any]:
+    """The step with its effects and transcript (read here unless the caller read them)."""
     if effects is None:
         effects = list(step.effects.order_by("created_at"))
+    if entries is None:
+        entries = list(step.transcript.order_by("seq"))
+    by_id = {e.pk: e for e in effects}
     return {
         "id": step.pk,
         "key": step.key,
@@ -56,6 +96,11 @@ def step_dict(step: Step, effects: list[Effect] | None = None) -> dict[str, Any]
         "error": step.error,
         "question": question_dict(step, effects),
         "effects": [effect_dict(e) for e in effects],
+        "judge": step.judge,
+        "instructions": step.instructions,
+        "tools": step.tools,
+        "transcript": [entry_dict(e, by_id) for e in entries],
+        "tokens": tokens_of(entries),
     }
 
 
@@ -64,17 +109,22 @@ def task_summary(task: Task) -> dict[str, Any]:
 
 
 def task_dict(task: Task) -> dict[str, Any]:
-    """The whole task: three statements (its steps, its effects, its events), whatever its
-    length."""
+    """The whole task: four statements (its steps, its effects, its transcript, its events),
+    whatever its length."""
     steps = list(task.steps.order_by("position"))
     by_step: dict[int, list[Effect]] = {}
     for effect in Effect.objects.filter(task=task).order_by("created_at"):
         by_step.setdefault(effect.step_id, []).append(effect)
+    said: dict[int, list[TranscriptEntry]] = {}
+    for entry in TranscriptEntry.objects.filter(task=task).order_by("step_id", "seq"):
+        said.setdefault(entry.step_id, []).append(entry)
     return {
         **task_summary(task),
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
-        "steps": [step_dict(s, by_step.get(s.pk, [])) for s in steps],
+        "instructions": task.instructions,
+        "tokens": tokens_of([e for entries in said.values() for e in entries]),
+        "steps": [step_dict(s, by_step.get(s.pk, []), said.get(s.pk, [])) for s in steps],
         "origin": origin_dict(task),
         "events": [event_dict(e) for e in Event.objects.filter(task=task).order_by("id")],
     }

@@ -277,16 +277,19 @@ def _guard(
             effects.doubt(
                 effect, actor=actor, why="its claim lapsed before the outcome was recorded"
             )
+    # A model step's calls are decided while it runs: its judge asks "May I do this?" about
+    # each one as it comes, and answers a call cut before it was sent by sending it (§12).
+    model = step.judge == "model"
     facts = guard.StepFacts(
         state=step.state,
         side_effect=step.side_effect,
-        confirm_before=step.confirm_before,
+        confirm_before=step.confirm_before and not model,
         attempts=step.attempts,
         max_attempts=step.max_attempts,
         retry_recorded=step.retry_at is not None,
         authorized=bool(step.authorized_by),
         authorized_other_call=bool(step.authorized_by) and step.authorized_call != calls.of(step),
-        repeatable=repeatable,
+        repeatable=repeatable or model,
     )
     effect_facts = [
         guard.EffectFacts(e.state, e.safe_to_repeat, _live(e, now)) for e in step_effects
@@ -546,23 +549,26 @@ def _let_go(task: Task, keeps_lease: bool) -> None:
 
 def _apply(task: Task, step: Step, verdict: Verdict, actor: str) -> None:
     """A verdict other than `done`, on its step and task."""
-    if verdict.kind == "retry" and step.attempts < step.max_attempts:
+    if verdict.kind == "retry" and (verdict.refund or step.attempts < step.max_attempts):
         delay = verdict.delay
         if delay is None:
             delay = settings.LOOP_RETRY_BASE_SECONDS * 2 ** (step.attempts - 1)
         retry_at = timezone.now() + timedelta(seconds=min(delay, settings.LOOP_RETRY_MAX_SECONDS))
+        fields = {"retry_at": retry_at, "error": verdict.error}
+        if verdict.refund:  # not the step's fault: this attempt does not count
+            fields["attempts"] = step.attempts - 1
         move_step(
             step,
             "retry",
             kind=EventKind.STEP_RETRY,
             actor=actor,
-            fields={"retry_at": retry_at, "error": verdict.error},
+            fields=fields,
             data={"retry_at": retry_at.isoformat(), "error": verdict.error},
         )
         Task.objects.filter(pk=task.pk).update(run_after=retry_at)
     elif verdict.kind == "blocked":
         uncertain = list(step.effects.filter(state=EffectState.UNCERTAIN))
-        _ask(step, actor, *questions.did_it_happen(uncertain))
+        _ask(step, actor, *(verdict.ask or questions.did_it_happen(uncertain)))
         actions.follow(task, actor=actor)
     else:
         error = verdict.error

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.utils import timezone
 
-from . import effects, journal, lease, prune, schedules, step_life
+from . import effects, journal, lease, llm, prune, schedules, step_life
 from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
@@ -371,7 +371,7 @@ class Worker:
         return batch
 
     def _space_ok(self) -> bool:
-        reason = low_disk_reason()
+        reason = low_disk_reason() or llm.outage()
         if reason != self.parked_reason:
             self._set_parked(reason)
         return not reason

@@ -320,6 +320,16 @@ except ValueError as _exc:
 # Plan input (CLI, dashboard, API, admin): bytes of the document and of the expanded plan, and
 # how deeply its values may nest (API bodies too). Larger API bodies are 413s at
 # DATA_UPLOAD_MAX_MEMORY_SIZE (Django's, 2.5 MB).
+# The model judge (DESIGN.md §12): any OpenAI-compatible chat-completions endpoint.
+LOOP_LLM_BASE_URL = os.environ.get("LOOP_LLM_BASE_URL", "")
+LOOP_LLM_MODEL = os.environ.get("LOOP_LLM_MODEL", "pippa")
+LOOP_LLM_API_KEY = os.environ.get("LOOP_LLM_API_KEY", "none")
+LOOP_LLM_MAX_TURNS = env_int("LOOP_LLM_MAX_TURNS", 12)  # model requests in one tick
+LOOP_LLM_TIMEOUT_SECONDS = float(os.environ.get("LOOP_LLM_TIMEOUT_SECONDS", "60"))
+# Tool results and earlier outputs shown to the model are cut to this, with a note.
+LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000)
+# How long a tick keeps retrying an endpoint that is down before it parks the worker.
+LOOP_LLM_RETRY_SECONDS = float(os.environ.get("LOOP_LLM_RETRY_SECONDS", "60"))
 LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024)
 LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32)
 

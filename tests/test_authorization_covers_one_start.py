@@ -27,8 +27,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from loop import actions, calls, effects, lease, step_life, tools
-from loop.judges.tool import resolved_args
+from loop import actions, calls, effects, lease, plans, step_life, tools
 from loop.models import Effect, Event, Step, StepState, Task
 from loop.permissions import SYSTEM
 from loop.step_life import Started
@@ -117,7 +116,7 @@ class AuthorizationMachine(RuleBasedStateMachine):
                 begun.holder,
                 begun.step,
                 dataclasses.replace(tool, run=run),
-                resolved_args(begun.step),
+                plans.resolved_args(begun.step),
             )
             try:
                 if where == "intent":

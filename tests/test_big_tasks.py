@@ -14,8 +14,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from loop import actions, open_steps
-from loop.judges import tool as tool_judge
+from loop import actions, open_steps, plans
 from loop.models import Event, EventKind, Step, StepState, Task, TaskState
 from loop.permissions import SYSTEM
 from loop.worker import Worker
@@ -100,9 +99,9 @@ def test_a_reference_reads_only_the_steps_it_names(half_done: Task) -> None:
     later = Step.objects.get(task=half_done, key="s1995")
     later.args = {"value": "${s7.value} and ${s8.value}"}
     Step.objects.filter(task=half_done, position__lt=1990).update(output={"value": "v"})
-    [sql] = statements_of(lambda: tool_judge.resolved_args(later))
+    [sql] = statements_of(lambda: plans.resolved_args(later))
     assert not full_scans_of_steps(plan_of(sql)), plan_of(sql)
-    assert tool_judge.resolved_args(later) == {"value": "v and v"}
+    assert plans.resolved_args(later) == {"value": "v and v"}
 
 
 def test_creating_a_big_task_inserts_its_steps_in_bulk(db: None) -> None:

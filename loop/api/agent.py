@@ -24,7 +24,6 @@ from ninja import Router
 from .. import effects, journal, lease, outcomes, plans, questions, step_life, tools
 from ..effects import canonical
 from ..judges import Verdict
-from ..judges.tool import resolved_args
 from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
 from ..permissions import require
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
@@ -331,7 +330,7 @@ def bound_to_step(call: Call, step: Step, tool: tools.Tool, args: dict[str, Any]
     else is a 409 naming the difference, journaled (`call_refused`)."""
     where = f"step '{step.key}'"
     try:
-        expected = resolved_args(step)
+        expected = plans.resolved_args(step)
     except tools.ToolError as exc:
         expected, reason = step.args, f"args: {where}: its call can't be made: {exc}"
     else:

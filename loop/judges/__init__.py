@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import tool
+from . import model, tool
 from .base import Judge, Verdict, Work, verdict_of
 
 if TYPE_CHECKING:
@@ -29,6 +29,5 @@ __all__ = ["Judge", "Verdict", "Work", "of", "verdict_of"]
 
 
 def of(step: Step) -> Judge:
-    """The judge that performs this step. Every step is the tool judge's today; the model
-    judge (`judge: model`) joins here."""
-    return tool.JUDGE
+    """The judge that performs this step: `judge: model` steps are the model's."""
+    return model.JUDGE if step.judge == "model" else tool.JUDGE

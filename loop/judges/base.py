@@ -20,6 +20,8 @@ class Verdict:
     output: Any = None
     error: str = ""
     delay: float | None = None  # retry: seconds to wait (None: the backoff decides)
+    refund: bool = False  # retry: the attempt is given back (the step was not at fault)
+    ask: tuple[str, str] | None = None  # blocked: the question (kind, text) to ask Dad
 
     @classmethod
     def done(cls, output: Any) -> Verdict:
@@ -30,12 +32,14 @@ class Verdict:
         return cls("failed", error=error)
 
     @classmethod
-    def retry(cls, error: str, delay: float | None = None) -> Verdict:
-        return cls("retry", error=error, delay=delay)
+    def retry(cls, error: str, delay: float | None = None, refund: bool = False) -> Verdict:
+        return cls("retry", error=error, delay=delay, refund=refund)
 
     @classmethod
-    def blocked(cls, error: str) -> Verdict:
-        return cls("blocked", error=error)
+    def blocked(cls, error: str, ask: tuple[str, str] | None = None) -> Verdict:
+        """Ask Dad `ask`, or (without it) "Did this happen?" about the step's uncertain
+        effects."""
+        return cls("blocked", error=error, ask=ask)
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from django.db import DatabaseError
 
 from .. import effects, plans, tools
-from ..models import Step, StepState
+from ..models import Step
 from ..outcomes import EffectNotSent, EffectRejected, Fenced
 from .base import Verdict, Work, verdict_of
 
@@ -69,7 +69,7 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Request:
     """A read-only call runs now; a side-effect call is handed back, to go to the outbox."""
     where = _where(step)
     tool = tools.get(step.tool)
-    args = resolved_args(step)
+    args = plans.resolved_args(step)
     problems = plans.check_call(tool, args, where=where)
     if problems:
         return Verdict.failed("; ".join(problems))
@@ -80,21 +80,6 @@ def _prepare(step: Step, holder: effects.Holder) -> Verdict | effects.Request:
             f"{where} is read-only, but tool '{tool.name}' has side effects: nothing was sent"
         )
     return effects.Request(holder, step, tool, args)
-
-
-def resolved_args(step: Step) -> dict[str, Any]:
-    """The step's args, their `${key.path}` references filled from earlier steps' outputs
-    (ToolError if one cannot be)."""
-    keys = plans.references(step.args)
-    if not keys:
-        return step.args
-    # Only the steps named, through the index step_key_unique (task, key): never the whole plan.
-    outputs = dict(
-        Step.objects.filter(
-            task_id=step.task_id, key__in=sorted(keys), state=StepState.DONE
-        ).values_list("key", "output")
-    )
-    return plans.resolve(step.args, outputs)
 
 
 def _judged(step: Step, judge: Callable[[], T]) -> T | Verdict:

@@ -1,0 +1,395 @@
+"""The model judge, Pippa (DESIGN.md §12): a model's turn at each tick decides what the step
+does, whether it succeeded and what its output is; the loop makes that turn safe.
+
+One tick of a model step:
+
+    rebuild the step's conversation from its transcript (one conversation across attempts)
+    → answer each call of the last reply left without a result (resume), before anything else
+    → brief the model at the start of each attempt (the task, the plan with states and
+      outputs, the step's instructions verbatim)
+    → up to LOOP_LLM_MAX_TURNS requests: commit the reply, then run its calls in order, each
+      result committed before the next call or request, until `commit_step`
+
+A side-effect call goes through the outbox with an effect id derived from the committed call
+(the step, the reply's row, the call's place in it), so the same call after a crash is the
+same effect: answered from its receipt, sent if it never was, or asked about ("Did this
+happen?") if it may have been.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+
+from .. import actions, calls, effects, journal, llm, plans, questions, tools, transcript
+from ..models import Effect, Event, EventKind, Step, TranscriptEntry
+from ..outcomes import Busy, Done, Fenced, NotSent, Rejected, Uncertain
+from ..permissions import SYSTEM
+from .base import Verdict, Work
+from .prompt import (
+    ADD_STEPS,
+    COMMIT,
+    REMINDER,
+    SYSTEM_TEXT,
+    VERDICTS,
+    as_text,
+    briefing,
+    cut,
+    model_name,
+    offered,
+    tool_specs,
+)
+
+log = logging.getLogger("loop.judge.model")
+
+
+def call_key(step: Step, entry: TranscriptEntry, index: int) -> str:
+    """The effect id of the `index`-th call of the reply `entry`: the same committed call is
+    the same effect, whatever happens to the process running it."""
+    return hashlib.sha256(f"model\0{step.pk}\0{entry.pk}\0{index}".encode()).hexdigest()
+
+
+# ---- the judge -----------------------------------------------------------------------------
+
+
+class ModelJudge:
+    """Performs `judge: model` steps, one after another."""
+
+    def plan_call(self, step: Step, holder: effects.Holder) -> effects.Request | None:
+        return None  # the model decides its calls while it runs
+
+    def perform(self, turn: Sequence[Work]) -> list[Verdict | Fenced]:
+        verdicts: list[Verdict | Fenced] = []
+        for work in turn:
+            call = tools.Call.of(work.step, work.holder.owner, work.holder.epoch)
+            with tools.calling(call):
+                verdicts.append(Tick(work.step, work.holder).run())
+        return verdicts
+
+
+JUDGE = ModelJudge()
+
+
+@dataclass
+class Tick:
+    step: Step
+    holder: effects.Holder
+    used_authorization: bool = False  # Dad's answer covers one call
+
+    @property
+    def where(self) -> str:
+        return f"step '{self.step.key}'"
+
+    def run(self) -> Verdict | Fenced:
+        step = self.step
+        rows = transcript.entries(step)
+        if not rows:
+            transcript.add(step, transcript.Role.SYSTEM, SYSTEM_TEXT, actor=self.holder.actor)
+        resumed = transcript.dangling(rows)
+        for one in resumed:
+            stop = self.answer(one.entry, one.index, one.call)
+            if stop is not None:
+                return stop
+        rows = transcript.entries(step)
+        ended = self._committed(rows) if resumed else None
+        if ended is not None:
+            return ended  # the reply answered now ended the step
+        if not any(r.role == transcript.Role.USER and r.attempt == step.attempts for r in rows):
+            transcript.add(step, transcript.Role.USER, briefing(step), actor=self.holder.actor)
+        specs = tool_specs(step)
+        for _ in range(int(settings.LOOP_LLM_MAX_TURNS)):
+            rows = transcript.entries(step)
+            answer = llm.complete(transcript.messages(rows), specs, on_retry=self._retrying)
+            if isinstance(answer, llm.Unavailable):
+                # Not the step's fault: the attempt is given back, and the worker parks.
+                return Verdict.retry(
+                    f"{self.where}: model endpoint down: {answer.reason}",
+                    delay=float(settings.LOOP_LLM_RETRY_SECONDS),
+                    refund=True,
+                )
+            if isinstance(answer, llm.Refused):
+                return Verdict.retry(f"{self.where}: {answer.reason}")
+            entry = transcript.add_reply(
+                step,
+                answer.content,
+                _unique_ids([c.as_dict() for c in answer.tool_calls], rows),
+                prompt_tokens=answer.prompt_tokens,
+                completion_tokens=answer.completion_tokens,
+                actor=self.holder.actor,
+            )
+            if not answer.tool_calls:
+                reminded = any(
+                    r.role == transcript.Role.USER
+                    and r.attempt == step.attempts
+                    and r.content == REMINDER
+                    for r in rows
+                )
+                if reminded:
+                    return Verdict.retry(f"{self.where}: the model stopped without commit_step")
+                transcript.add(step, transcript.Role.USER, REMINDER, actor=self.holder.actor)
+                continue
+            for index, one in enumerate(entry.tool_calls):
+                stop = self.answer(entry, index, one)
+                if stop is not None:
+                    return stop
+            ended = self._committed(transcript.entries(step))
+            if ended is not None:
+                return ended
+        return Verdict.retry(
+            f"{self.where}: the model made {settings.LOOP_LLM_MAX_TURNS} requests "
+            "(LOOP_LLM_MAX_TURNS) without commit_step"
+        )
+
+    def _retrying(self, reason: str, delay: float) -> None:
+        log.warning("%s: model endpoint: %s; retrying in %.2fs", self.where, reason, delay)
+        with transaction.atomic():
+            journal.record(
+                EventKind.MODEL_RETRY,
+                step=self.step,
+                actor=self.holder.actor,
+                reason=reason,
+                delay=delay,
+            )
+
+    # ---- a call and its result ---------------------------------------------------------
+
+    def answer(
+        self, entry: TranscriptEntry, index: int, call: dict[str, str]
+    ) -> Verdict | Fenced | None:
+        """Run the call and commit its result; a verdict or Fenced if the tick ends here with
+        the call left without a result (a question for Dad, a busy or fenced effect)."""
+        name = call.get("name", "")
+        call_id = call.get("id", "")
+        if self._after_commit(entry, index):
+            self._refuse(call_id, name, "not run: commit_step ended the step before this call")
+            return None
+        try:
+            args = json.loads(call.get("arguments") or "{}")
+        except ValueError as exc:
+            self._refuse(call_id, name, f"the arguments are not JSON: {exc}")
+            return None
+        if not isinstance(args, dict):
+            self._refuse(call_id, name, "the arguments must be a JSON object")
+            return None
+        if name == COMMIT:
+            problem = _commit_problem(args)
+            if problem:
+                self._refuse(call_id, name, problem)
+            else:
+                transcript.add_result(
+                    self.step, call_id, f"committed: {args['verdict']}", actor=self.holder.actor
+                )
+            return None
+        if name == ADD_STEPS:
+            self._add_steps(call_id, args)
+            return None
+        tool = offered(self.step).get(name)
+        if tool is None:
+            known = {model_name(n) for n in tools.names()}
+            why = (
+                f"the tool '{name}' is not offered to this step"
+                if name in known
+                else f"there is no tool '{name}'"
+            )
+            self._refuse(call_id, name, f"{why}: nothing was run")
+            return None
+        problems = tool.check_args(args, self.where)
+        if problems:
+            self._refuse(call_id, name, "; ".join(problems))
+            return None
+        if not tool.side_effect:
+            transcript.add_result(
+                self.step, call_id, cut(self._read(tool, args)), actor=self.holder.actor
+            )
+            return None
+        return self._side_effect(entry, index, call_id, tool, args)
+
+    def _read(self, tool: tools.Tool, args: dict[str, Any]) -> str:
+        try:
+            return as_text(tool.run(args))
+        except DatabaseError:
+            raise
+        except Exception as exc:  # the model reads the error and decides
+            return f"error: {type(exc).__name__}: {exc}"
+
+    def _side_effect(
+        self,
+        entry: TranscriptEntry,
+        index: int,
+        call_id: str,
+        tool: tools.Tool,
+        args: dict[str, Any],
+    ) -> Verdict | Fenced | None:
+        step = self.step
+        key = call_key(step, entry, index)
+        effect = Effect.objects.filter(pk=key).first()
+        unsent = effect is None or effect.state == "pending"
+        if step.confirm_before and unsent and not self._authorized(tool.name, args):
+            target, summary = tool.summary(args)
+            return Verdict.blocked(
+                f"{self.where}: waits for Dad's answer about {tool.name}",
+                ask=questions.may_i(tool.name, target, summary, unsent=False),
+            )
+        [outcome] = effects.send_all([effects.Request(self.holder, step, tool, args, key=key)])
+        if isinstance(outcome, Done):
+            transcript.add_result(
+                step, call_id, cut(_done_text(outcome, key)), effect_id=key, actor=self.holder.actor
+            )
+        elif isinstance(outcome, Rejected):
+            transcript.add_result(
+                step, call_id, f"error: {outcome.error}", effect_id=key, actor=self.holder.actor
+            )
+        elif isinstance(outcome, NotSent):
+            text = f"error: not sent: {outcome.error} (try again later)"
+            transcript.add_result(step, call_id, text, effect_id=key, actor=self.holder.actor)
+        elif isinstance(outcome, Uncertain):
+            return Verdict.blocked(f"{self.where}: may have happened: {outcome}")
+        elif isinstance(outcome, Busy):
+            return Verdict.retry(f"{self.where}: effect busy until {outcome.until}")
+        else:
+            return outcome  # Fenced: the lease moved on; its new holder goes on
+        return None
+
+    def _authorized(self, tool_name: str, args: dict[str, Any]) -> bool:
+        """Whether this attempt's start consumed Dad's authorization of exactly this call
+        (journaled in the start's commit, after the start), not yet used in this tick."""
+        if self.used_authorization:
+            return False
+        mine = Event.objects.filter(task_id=self.step.task_id, step_id=self.step.pk)
+        start = (
+            mine.filter(kind__in=[EventKind.STEP_STARTED, EventKind.STEP_RESTARTED])
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        found = mine.filter(
+            kind=EventKind.AUTHORIZATION_CONSUMED,
+            id__gt=start or 0,
+            data__call=calls.digest(tool_name, args),
+        ).exists()
+        self.used_authorization = found
+        return found
+
+    def _add_steps(self, call_id: str, args: dict[str, Any]) -> None:
+        """Through the same action as everyone else; the steps and the call's result commit
+        together, so a resume never adds them twice."""
+        try:
+            with transaction.atomic():
+                added = actions.add_steps(
+                    task_id=self.step.task_id,
+                    steps=args.get("steps"),
+                    after=args.get("after"),
+                    actor=self.holder.actor,
+                    user=SYSTEM,
+                )
+                keys = ", ".join(s.key for s in added)
+                transcript.add_result(
+                    self.step, call_id, f"added steps: {keys}", actor=self.holder.actor
+                )
+        except (plans.PlanError, actions.Refused) as exc:
+            self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
+
+    def _refuse(self, call_id: str, name: str, why: str) -> None:
+        with transaction.atomic():
+            journal.record(
+                EventKind.MODEL_CALL_REFUSED,
+                step=self.step,
+                actor=self.holder.actor,
+                tool=name,
+                why=why,
+            )
+            transcript.add_result(self.step, call_id, f"error: {why}", actor=self.holder.actor)
+
+    def _after_commit(self, entry: TranscriptEntry, index: int) -> bool:
+        """Whether an earlier call of this reply was a valid commit_step."""
+        for earlier in (entry.tool_calls or [])[:index]:
+            if earlier.get("name") == COMMIT and _commit_args(earlier) is not None:
+                return True
+        return False
+
+    def _committed(self, rows: list[TranscriptEntry]) -> Verdict | None:
+        """The verdict of the last reply's commit_step, once each of its calls has a result."""
+        if transcript.dangling(rows):
+            return None
+        replies = [r for r in rows if r.role == transcript.Role.ASSISTANT]
+        if not replies or any(r.seq > replies[-1].seq and r.role == "user" for r in rows):
+            return None
+        for call in replies[-1].tool_calls or []:
+            args = _commit_args(call) if call.get("name") == COMMIT else None
+            if args is not None:
+                return _verdict(self.where, args)
+        return None
+
+
+def _unique_ids(found: list[dict[str, str]], rows: list[TranscriptEntry]) -> list[dict[str, str]]:
+    """The reply's calls, each with an id no other call of the step has (a model may repeat
+    or leave out ids): a result must name exactly one call."""
+    seen = {c.get("id") for r in rows for c in r.tool_calls or []}
+    for n, one in enumerate(found):
+        if not one["id"] or one["id"] in seen:
+            one["id"] = f"{one['id'] or 'call'}~{len(rows)}.{n}"
+        seen.add(one["id"])
+    return found
+
+
+def _commit_args(call: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        args = json.loads(call.get("arguments") or "{}")
+    except ValueError:
+        return None
+    if not isinstance(args, dict) or _commit_problem(args):
+        return None
+    return args
+
+
+def _commit_problem(args: dict[str, Any]) -> str:
+    verdict = args.get("verdict")
+    if verdict not in VERDICTS:
+        return f"commit_step: 'verdict' must be one of {', '.join(VERDICTS)}"
+    extra = sorted(set(args) - {"verdict", "output", "error", "question"})
+    if extra:
+        return f"commit_step takes no argument '{extra[0]}'"
+    for name in ("error", "question"):
+        if name in args and not isinstance(args[name], str):
+            return f"commit_step: '{name}' must be a string"
+    if verdict == "blocked" and not args.get("question"):
+        return "commit_step: a 'blocked' verdict needs a 'question' for Dad"
+    problem = plans.check_value(args.get("output"), "output")
+    if problem:
+        return f"commit_step: {problem}"
+    return ""
+
+
+def _verdict(where: str, args: dict[str, Any]) -> Verdict:
+    kind = args["verdict"]
+    error = args.get("error") or ""
+    if kind == "done":
+        return Verdict.done(args.get("output"))
+    if kind == "failed":
+        return Verdict.failed(f"{where}: {error or 'the model said the step failed'}")
+    if kind == "retry":
+        return Verdict.retry(f"{where}: {error or 'the model asked to try again'}")
+    question = str(args.get("question"))
+    return Verdict.blocked(
+        f"{where}: {question}", ask=("may_i", f"May I go on?\nPippa asks: {question}")
+    )
+
+
+def _done_text(outcome: Done, effect_id: str) -> str:
+    """A side-effect call's result as the model reads it: its response, or how it is known
+    to have happened when a person or a probe settled it."""
+    response = outcome.response
+    if "settled_by" in response:
+        note = response.get("note") or ""
+        return f"it happened (Dad, {response['settled_by']}, said so{': ' + note if note else ''})"
+    effect = Effect.objects.filter(pk=effect_id).only("evidence").first()
+    if outcome.receipt and effect is not None and effect.evidence:
+        return f"it happened (checked: {effect.evidence}): {as_text(response)}"
+    return as_text(response)

@@ -1,0 +1,162 @@
+"""What the model judge shows the model (DESIGN.md §12): the system message, each attempt's
+briefing (the task, the plan with states and outputs, the step's instructions verbatim), the
+tools the step may use (names with `.` written `_`) and the two that end a step; and how long
+texts are cut (LOOP_LLM_RESULT_CHARS, with a note: never silently)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+
+from .. import tools
+from ..models import Event, EventKind, Step
+
+COMMIT = "commit_step"
+ADD_STEPS = "add_steps"
+VERDICTS = ("done", "failed", "retry", "blocked")
+REMINDER = (
+    "You answered without calling a tool. To finish this step, call commit_step with a "
+    "verdict (done, failed, retry or blocked) and the step's output."
+)
+SYSTEM_TEXT = (
+    "You are Pippa, an assistant that carries out one step of a task at a time for Dad. "
+    "Use the tools you are given to do the step. Every tool call gets its result. Side "
+    "effects (mails, posts, writes) happen exactly once; if a result says one may have "
+    "happened, believe it and do not try again. When the step is finished call commit_step: "
+    "verdict 'done' with its output, 'failed' with the error, 'retry' to try again later, or "
+    "'blocked' with a question for Dad. You may revise the plan with add_steps."
+)
+
+# The plan in a briefing is cut at this many times LOOP_LLM_RESULT_CHARS.
+PLAN_TIMES = 4
+
+
+def model_name(tool_name: str) -> str:
+    return tool_name.replace(".", "_")
+
+
+def cut(text: str, limit: int | None = None) -> str:
+    """`text` within LOOP_LLM_RESULT_CHARS, with a note of what was cut: never silently."""
+    limit = int(settings.LOOP_LLM_RESULT_CHARS) if limit is None else limit
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[cut: {len(text) - limit} more characters]"
+
+
+def as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+
+
+# ---- what the model is offered -------------------------------------------------------------
+
+
+def offered(step: Step) -> dict[str, tools.Tool]:
+    """The tools the step may use, by the names the model sees: its `tools`, or every
+    read-only built-in when it names none; never a side-effect tool on a read-only step."""
+    names = step.tools or [n for n in tools.names() if not tools.get(n).side_effect]
+    found = {}
+    for name in names:
+        tool = tools.find(name)
+        if tool is None or tool.disabled() or (tool.side_effect and not step.side_effect):
+            continue
+        found[model_name(name)] = tool
+    return found
+
+
+ARG_TYPES = {"string", "number", "integer", "boolean", "object"}
+
+
+def _schema(arg: tools.Arg) -> dict[str, Any]:
+    if arg.type in ARG_TYPES:
+        return {"type": arg.type}
+    if arg.type == "list":
+        items = {"type": arg.items} if arg.items in ARG_TYPES else {}
+        return {"type": "array", "items": items}
+    return {}
+
+
+def tool_specs(step: Step) -> list[dict[str, Any]]:
+    specs = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": f"the tool '{tool.name}'"
+                + (" (side effect: happens once)" if tool.side_effect else " (read-only)"),
+                "parameters": {
+                    "type": "object",
+                    "properties": {a: _schema(spec) for a, spec in tool.args.items()},
+                    "required": [a for a, spec in tool.args.items() if spec.required],
+                },
+            },
+        }
+        for name, tool in offered(step).items()
+    ]
+    return [*specs, *ENDING_TOOLS]
+
+
+ENDING_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": COMMIT,
+            "description": "End this step with a verdict.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "verdict": {"type": "string", "enum": list(VERDICTS)},
+                    "output": {"description": "the step's output (any JSON), for 'done'"},
+                    "error": {"type": "string", "description": "why, for failed/retry"},
+                    "question": {"type": "string", "description": "for 'blocked': ask Dad"},
+                },
+                "required": ["verdict"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": ADD_STEPS,
+            "description": "Revise the plan: add steps (plan-file steps) after a step's key.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "steps": {"type": "array", "items": {"type": "object"}},
+                    "after": {"type": "string"},
+                },
+                "required": ["steps"],
+            },
+        },
+    },
+]
+
+
+def briefing(step: Step) -> str:
+    """What the model is told at the start of each attempt."""
+    task = step.task
+    lines = [f"Task: {task.title}"]
+    if task.instructions:
+        lines += ["Goal:", task.instructions]
+    lines.append("Plan (key, title, state, output so far):")
+    plan = []
+    for key, title, state, output in task.steps.order_by("position").values_list(
+        "key", "title", "state", "output"
+    ):
+        line = f"- {key}: {title} [{state}]"
+        if output is not None:
+            line += f" output: {cut(as_text(output))}"
+        plan.append(line)
+    # A long plan is cut too, with its note (the step's own part follows it, whole).
+    lines.append(cut("\n".join(plan), PLAN_TIMES * int(settings.LOOP_LLM_RESULT_CHARS)))
+    lines += [
+        f"Your step now: {step.key}: {step.title} (attempt {step.attempts} of {step.max_attempts})",
+        "Instructions:",
+        step.instructions,
+    ]
+    answer = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).order_by("-id").first()
+    if answer is not None and step.attempts > 1:
+        note = answer.data.get("note") or ""
+        lines.append(f"Dad's last answer about this step: {answer.data.get('decision')} {note}")
+    return "\n".join(lines)

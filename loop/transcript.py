@@ -1,0 +1,218 @@
+"""A model step's durable transcript (DESIGN.md §12): one conversation per step across its
+attempts, one `TranscriptEntry` row per message.
+
+The writers keep it paired whatever fails: an assistant reply and its tool calls are one row
+(committed before any call runs); a result is written only for a call of that step's
+transcript that has none yet (`add_result` checks, in its transaction, and the unique
+constraint `transcript_one_result` backs it). Each write is its own commit unless the caller
+holds a transaction (then the result commits with what the call did, e.g. `add_steps`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from . import journal
+from .models import EventKind, Step, TranscriptEntry
+
+Role = TranscriptEntry.Role
+
+
+class Orphan(Exception):
+    """A result for a call the transcript does not hold, or holds a result for already."""
+
+
+def entries(step: Step) -> list[TranscriptEntry]:
+    """The step's conversation, in order (index transcript_step_seq)."""
+    return list(TranscriptEntry.objects.filter(step_id=step.pk).order_by("seq"))
+
+
+def _next_seq(step: Step) -> int:
+    last = (
+        TranscriptEntry.objects.filter(step_id=step.pk)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    return 0 if last is None else last + 1
+
+
+def _journaled(entry: TranscriptEntry, step: Step, actor: str) -> TranscriptEntry:
+    """Journal the new entry in its transaction: the live pages follow the journal."""
+    data: dict[str, Any] = {"seq": entry.seq, "role": entry.role}
+    if entry.tool_call_id:
+        data["tool_call_id"] = entry.tool_call_id
+    if entry.effect_id:
+        data["effect_id"] = entry.effect_id
+    journal.record(EventKind.TRANSCRIPT_ENTRY, step=step, actor=actor, **data)
+    return entry
+
+
+def add(step: Step, role: str, content: str, *, actor: str = "") -> TranscriptEntry:
+    """A system or user message."""
+    assert role in (Role.SYSTEM, Role.USER), role
+    with transaction.atomic():
+        entry = TranscriptEntry.objects.create(
+            task_id=step.task_id,
+            step_id=step.pk,
+            attempt=step.attempts,
+            seq=_next_seq(step),
+            role=role,
+            content=content,
+        )
+        return _journaled(entry, step, actor)
+
+
+def add_reply(
+    step: Step,
+    content: str,
+    tool_calls: list[dict[str, str]],
+    *,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    actor: str = "",
+) -> TranscriptEntry:
+    """The model's reply with its calls, in one row: committed before any call runs."""
+    with transaction.atomic():
+        entry = TranscriptEntry.objects.create(
+            task_id=step.task_id,
+            step_id=step.pk,
+            attempt=step.attempts,
+            seq=_next_seq(step),
+            role=Role.ASSISTANT,
+            content=content,
+            tool_calls=tool_calls,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+        return _journaled(entry, step, actor)
+
+
+def add_result(
+    step: Step, call_id: str, content: str, effect_id: str = "", *, actor: str = ""
+) -> TranscriptEntry:
+    """The one result of the call `call_id`: refused (`Orphan`) unless that call is in the
+    step's transcript without a result."""
+    with transaction.atomic():
+        mine = TranscriptEntry.objects.filter(step_id=step.pk)
+        asked = any(
+            call.get("id") == call_id
+            for calls in mine.filter(role=Role.ASSISTANT).values_list("tool_calls", flat=True)
+            for call in calls or []
+        )
+        if not asked:
+            raise Orphan(f"step '{step.key}': no call {call_id!r} in its transcript")
+        if mine.filter(role=Role.TOOL, tool_call_id=call_id).exists():
+            raise Orphan(f"step '{step.key}': call {call_id!r} has its result already")
+        entry = TranscriptEntry.objects.create(
+            task_id=step.task_id,
+            step_id=step.pk,
+            attempt=step.attempts,
+            seq=_next_seq(step),
+            role=Role.TOOL,
+            content=content,
+            tool_call_id=call_id,
+            effect_id=effect_id,
+        )
+        return _journaled(entry, step, actor)
+
+
+@dataclass(frozen=True)
+class Dangling:
+    """A call of the last reply still without a result: which reply, its place, the call."""
+
+    entry: TranscriptEntry
+    index: int
+    call: dict[str, str]
+
+
+def dangling(rows: list[TranscriptEntry]) -> list[Dangling]:
+    """The calls of the last assistant reply that have no result yet, in order."""
+    replies = [r for r in rows if r.role == Role.ASSISTANT]
+    if not replies:
+        return []
+    last = replies[-1]
+    answered = {r.tool_call_id for r in rows if r.role == Role.TOOL}
+    return [
+        Dangling(last, n, call)
+        for n, call in enumerate(last.tool_calls or [])
+        if call.get("id") not in answered
+    ]
+
+
+def unpaired(rows: list[TranscriptEntry]) -> list[str]:
+    """What breaks the pairing: a result without its call, a call with two results, a call
+    without a result that is not in the last reply (only the last may be still running)."""
+    problems = []
+    calls: dict[str, int] = {}
+    for row in rows:
+        for call in row.tool_calls or []:
+            calls[call["id"]] = row.seq
+    results: dict[str, int] = {}
+    for row in rows:
+        if row.role == Role.TOOL:
+            results[row.tool_call_id] = results.get(row.tool_call_id, 0) + 1
+            if row.tool_call_id not in calls:
+                problems.append(f"result {row.seq} answers no call")
+    for call_id, count in results.items():
+        if count > 1:
+            problems.append(f"call {call_id} has {count} results")
+    last = max((r.seq for r in rows if r.role == Role.ASSISTANT), default=None)
+    for call_id, seq in calls.items():
+        if call_id not in results and seq != last:
+            problems.append(f"call {call_id} has no result")
+    return problems
+
+
+def messages(rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
+    """The conversation as chat-completions messages."""
+    found: list[dict[str, Any]] = []
+    for row in rows:
+        if row.role == Role.ASSISTANT:
+            message: dict[str, Any] = {"role": "assistant", "content": row.content or None}
+            if row.tool_calls:
+                message["tool_calls"] = [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": c["arguments"]},
+                    }
+                    for c in row.tool_calls
+                ]
+            found.append(message)
+        elif row.role == Role.TOOL:
+            found.append({"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content})
+        else:
+            found.append({"role": row.role, "content": row.content})
+    return found
+
+
+def pending_call(step: Step) -> tuple[str, Any]:
+    """The side-effect call the step waits on ("May I do this?"): the first call of its last
+    reply without a result that names a side-effect tool, as (tool name, args); ("", {}) if
+    none. What an authorization of a model step covers (`loop.calls.of`)."""
+    from . import tools
+
+    by_model_name = {name.replace(".", "_"): name for name in tools.names()}
+    for one in dangling(entries(step)):
+        name = by_model_name.get(one.call.get("name", ""), "")
+        tool = tools.find(name) if name else None
+        if tool is None or not tool.side_effect:
+            continue
+        try:
+            args = json.loads(one.call.get("arguments") or "{}")
+        except ValueError:
+            continue
+        return name, args
+    return "", {}
+
+
+def tokens(rows: list[TranscriptEntry]) -> dict[str, int]:
+    return {
+        "prompt": sum(r.prompt_tokens for r in rows),
+        "completion": sum(r.completion_tokens for r in rows),
+    }
