@@ -614,7 +614,7 @@ def test_the_openapi_document_describes_every_api_route(db: None) -> None:
     assert bodies["/api/tasks/{task_id}/pause"] == (set(), set())
     step_schema = schemas["PlanStep"]
     assert set(step_schema["properties"]) == plans.STEP_FIELDS
-    assert set(step_schema["required"]) == {"key", "tool"}
+    assert set(step_schema["required"]) == {"key"}
     commit = doc["paths"]["/api/steps/{step_id}/commit"]["post"]["responses"]["200"]
     answer = resolved(commit["content"]["application/json"]["schema"])
     assert set(answer["required"]) == {"step", "task", "lease_until"}

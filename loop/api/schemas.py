@@ -38,8 +38,11 @@ class PlanStep(Schema):
     model_config = ConfigDict(json_schema_extra={"additionalProperties": False})
     key: str
     title: str | None = None
-    tool: str
+    tool: str | None = Field(None, description="the tool judge's call; a model step has none")
     args: dict[str, Any] | None = None
+    judge: Literal["tool", "model"] | None = None
+    instructions: str | None = Field(None, description="what a model step is to do")
+    tools: list[str] | None = Field(None, description="the tools a model step may use")
     side_effect: bool = False
     confirm_before: bool = False
     max_attempts: int | None = Field(None, ge=1)
@@ -54,6 +57,11 @@ class Plan(Schema):
     )
     title: SkipValidation[str] = None  # type: ignore[assignment]
     steps: SkipValidation[list[PlanStep]] = None  # type: ignore[assignment]
+    judge: SkipValidation[Literal["tool", "model"]] = Field(
+        None,  # type: ignore[arg-type]
+        description="the judge of every step without a `tool`",
+    )
+    instructions: SkipValidation[str] = Field(None, description="the task's goal in words")  # type: ignore[assignment]
 
 
 class ScheduledPlan(Plan):
