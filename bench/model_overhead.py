@@ -59,7 +59,7 @@ def main() -> None:
         from loop.models import Step, StepState, TranscriptEntry
         from loop.permissions import SYSTEM
         from loop.worker import Worker
-        from tests.llm_server import ModelServer, calls, commit
+        from tests.support.llm_server import ModelServer, calls, commit
 
         def script(body: dict[str, Any], n: int) -> Any:
             said = sum(1 for m in body["messages"] if m["role"] == "assistant")
