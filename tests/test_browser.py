@@ -417,9 +417,14 @@ def test_the_pages_keep_to_the_content_security_policy(
     expect(row).to_contain_text("1 of 2 steps done")
     bar = row.locator("svg.progress rect.fill")
     expect(bar).to_have_attribute("width", "50")
-    box = bar.bounding_box()
-    track = row.locator("svg.progress").bounding_box()
-    assert box and track and abs(box["width"] - track["width"] / 2) < 2  # drawn half full
+    track = row.locator("svg.progress")
+
+    def drawn_half_full() -> bool:
+        # Read again until both are laid out: a live push may swap the row in between.
+        box, whole = bar.bounding_box(), track.bounding_box()
+        return bool(box and whole and abs(box["width"] - whole["width"] / 2) < 2)
+
+    wait_for(drawn_half_full, timeout=10)
     for path in (f"/tasks/{done.pk}", "/tasks/new", "/admin/"):
         page.goto(site + path)
         if path.startswith("/tasks/") and path[7:].isdigit():
