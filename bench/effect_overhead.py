@@ -297,6 +297,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="folder for both databases")
     parser.add_argument("--explain", action="store_true", help="split a step's time, too")
     options = parser.parse_args()
+    (ROOT / "var").mkdir(exist_ok=True)  # a fresh clone has none yet
     folder = Path(tempfile.mkdtemp(prefix="effect-overhead-", dir=options.dir or ROOT / "var"))
     sink, port = Sink.apart()
     url = f"http://127.0.0.1:{port}/hook"

@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=ROOT / "var", help="where the files go")
     options = parser.parse_args()
     options.dir.mkdir(parents=True, exist_ok=True)
+    options.dir.mkdir(parents=True, exist_ok=True)  # a fresh clone has no ./var yet
     folder = Path(tempfile.mkdtemp(prefix="bench-loop-", dir=options.dir))
     rows = []
     try:
