@@ -280,21 +280,8 @@ def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
     `objects.create` would write them (for models without auto_now fields or save()
     overrides), in one statement. A batch's effect intents (effects.intend_all), written
     with the steps' start: one executemany instead of a compiled INSERT per effect."""
-    conn = connections["default"]
     objs = [model(**one) for one in values]
-    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields]
-    names = tuple(f.name for f in model._meta.concrete_fields)
-    params = [
-        [
-            v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
-            for f, at, kind in fields
-        ]
-        for obj in objs
-    ]
-    insert_rows(model, names, params)
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = conn.alias
+    _insert(model, objs, list(model._meta.concrete_fields))
     return objs
 
 
@@ -302,9 +289,15 @@ def insert_all(model: type[M], objs: list[M]) -> None:
     """INSERT these new objects, their primary keys left to the database, with one
     executemany of one prepared statement (Django's bulk_create compiles every row's values
     anew: 0.1 ms a row). The objects' pks are not set: read them back by a unique key."""
+    _insert(model, objs, [f for f in model._meta.concrete_fields if not f.primary_key])
+
+
+def _insert(model: type[M], objs: list[M], concrete: list[Any]) -> None:
+    """`objs`' values of these fields, prepared as the database takes them, in one
+    executemany; then the objects count as saved."""
     conn = connections["default"]
-    fields = [(f, f.attname, _kind(f)) for f in model._meta.concrete_fields if not f.primary_key]
-    names = tuple(f.name for f, _, _ in fields)
+    fields = [(f, f.attname, _kind(f)) for f in concrete]
+    names = tuple(f.name for f in concrete)
     params = [
         [
             v if type(v := getattr(obj, at)) is kind[0] else _prep(f, v, conn, kind)
