@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import questions
+from . import questions, transcript
 from .models import Effect, Event, Origin, Step, Task, TranscriptEntry
 
 
@@ -63,13 +63,6 @@ def entry_dict(entry: TranscriptEntry, effects: dict[str, Effect]) -> dict[str, 
     }
 
 
-def tokens_of(entries: list[TranscriptEntry]) -> dict[str, int]:
-    return {
-        "prompt": sum(e.prompt_tokens for e in entries),
-        "completion": sum(e.completion_tokens for e in entries),
-    }
-
-
 def step_dict(
     step: Step,
     effects: list[Effect] | None = None,
@@ -100,7 +93,7 @@ def step_dict(
         "instructions": step.instructions,
         "tools": step.tools,
         "transcript": [entry_dict(e, by_id) for e in entries],
-        "tokens": tokens_of(entries),
+        "tokens": transcript.tokens(entries),
     }
 
 
@@ -123,7 +116,7 @@ def task_dict(task: Task) -> dict[str, Any]:
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
         "instructions": task.instructions,
-        "tokens": tokens_of([e for entries in said.values() for e in entries]),
+        "tokens": transcript.tokens([e for entries in said.values() for e in entries]),
         "steps": [step_dict(s, by_step.get(s.pk, []), said.get(s.pk, [])) for s in steps],
         "origin": origin_dict(task),
         "events": [event_dict(e) for e in Event.objects.filter(task=task).order_by("id")],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, Sum
 
 from . import journal
 from .models import EventKind, Step, TranscriptEntry
@@ -197,9 +198,8 @@ def pending_call(step: Step) -> tuple[str, Any]:
     none. What an authorization of a model step covers (`loop.calls.of`)."""
     from . import tools
 
-    by_model_name = {name.replace(".", "_"): name for name in tools.names()}
     for one in dangling(entries(step)):
-        name = by_model_name.get(one.call.get("name", ""), "")
+        name = tool_named(one.call.get("name", ""))
         tool = tools.find(name) if name else None
         if tool is None or not tool.side_effect:
             continue
@@ -211,8 +211,47 @@ def pending_call(step: Step) -> tuple[str, Any]:
     return "", {}
 
 
+def tool_named(model_name: str) -> str:
+    """The loop's name of the tool a call names as the model wrote it (`email_send` →
+    `email.send`); "" if none is installed by that name."""
+    from . import tools
+
+    return {name.replace(".", "_"): name for name in tools.names()}.get(model_name, "")
+
+
 def tokens(rows: list[TranscriptEntry]) -> dict[str, int]:
+    """The tokens these entries used (the endpoint's `usage` of each reply), summed."""
     return {
         "prompt": sum(r.prompt_tokens for r in rows),
         "completion": sum(r.completion_tokens for r in rows),
     }
+
+
+def usage(step_ids: list[int]) -> dict[int, dict[str, int]]:
+    """For each of these steps that has a transcript: how many entries it holds and the
+    tokens they used, summed by the database (one statement, by index transcript_step_seq),
+    so a page that shows only the last entries still counts them all."""
+    found = (
+        TranscriptEntry.objects.filter(step_id__in=step_ids)
+        .values("step_id")
+        .annotate(
+            entries=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+        )
+        .order_by()
+    )
+    return {
+        row["step_id"]: {
+            "entries": row["entries"],
+            "prompt": row["prompt"] or 0,
+            "completion": row["completion"] or 0,
+        }
+        for row in found
+    }
+
+
+def task_usage(task_id: int) -> dict[str, int]:
+    """The same for a whole task: its entries and tokens, over every step (one statement)."""
+    found = TranscriptEntry.objects.filter(task_id=task_id).aggregate(
+        entries=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+    )
+    return {key: value or 0 for key, value in found.items()}

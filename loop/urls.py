@@ -15,4 +15,5 @@ urlpatterns = [
     path("tasks/<int:task_id>/pause", decide.pause, name="pause"),
     path("tasks/<int:task_id>/resume", decide.resume, name="resume"),
     path("steps/<int:step_id>/decide", decide.decide, name="decide"),
+    path("steps/<int:step_id>/transcript", task.step_transcript, name="transcript"),
 ]

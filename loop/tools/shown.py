@@ -64,6 +64,14 @@ def json_text(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+def pretty(value: Any) -> str:
+    """JSON for people, the same every time: indented, unicode kept, keys sorted ("" for
+    None). Rendered escaped by the templates."""
+    if value is None:
+        return ""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
 def value_field(label: str, value: Any) -> Field:
     if isinstance(value, str):
         return Field(label, value)

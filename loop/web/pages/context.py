@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from ... import health, lease, open_steps, questions
+from ... import health, lease, open_steps, questions, transcript
 from ...models import (
     ENDED_TASK_STATES,
     Effect,
@@ -24,7 +24,9 @@ from ...models import (
     StepState,
     Task,
 )
+from ...tools.shown import pretty
 from .. import timeline
+from . import transcript_view
 
 JOURNAL_ROWS = 200
 STEP_WINDOW = 50  # steps a task page shows at once
@@ -56,13 +58,8 @@ class StepView:
     # Why it ran without asking, when a schedule's standing authorization let it (§10): the
     # rule of its latest `side_effect_auto_confirmed`, e.g. "confirm_before, run 3".
     standing: str = ""
-
-
-def pretty(value: Any) -> str:
-    """JSON for people: indented, unicode kept. Rendered escaped by the templates."""
-    if value is None:
-        return ""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    # A model step's conversation, its latest entries (transcript_view.SHOWN); None otherwise.
+    transcript: transcript_view.Transcript | None = None
 
 
 def last_event_id() -> int:
@@ -217,7 +214,8 @@ def step_views(
     task: Task, only: set[int] | None = None, window: Window | None = None
 ) -> list[StepView]:
     """The steps of the page's window (around the current one unless `window` is given), or
-    only the steps with ids in `only`; with their effects."""
+    only the steps with ids in `only`; with their effects and, for model steps, the latest
+    entries of their transcripts."""
     if only is not None:
         current = open_steps.first_open([task.pk]).get(task.pk)
         chosen = list(task.steps.filter(pk__in=only).order_by("position"))
@@ -227,6 +225,9 @@ def step_views(
     effects = _effects_by_step([s.pk for s in chosen])
     current_id = current.pk if current else None
     views = [step_view(s, effects[s.pk], current=s.pk == current_id) for s in chosen]
+    said = transcript_view.of_steps(chosen, effects)
+    for view in views:
+        view.transcript = said.get(view.step.pk)
     if task.origin_run_id is not None:
         passes = Event.objects.filter(
             task=task, kind=EventKind.SIDE_EFFECT_AUTO_CONFIRMED, step__in=[s.pk for s in chosen]
@@ -280,8 +281,14 @@ def task_timeline(task: Task, window: Window | None = None) -> timeline.Timeline
 
 
 def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
-    """What the task page's head shows: the task, and who holds it now (worker or agent)."""
-    return {"can_act": can_act, "task": task, "holder": lease.holder(task)}
+    """What the task page's head shows: the task, who holds it now (worker or agent), and
+    the tokens its model steps used (summed by the database)."""
+    return {
+        "can_act": can_act,
+        "task": task,
+        "holder": lease.holder(task),
+        "tokens": transcript.task_usage(task.pk),
+    }
 
 
 def task_page(task: Task, *, can_act: bool, start: int | None = None) -> dict[str, Any]:

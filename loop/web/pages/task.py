@@ -10,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ... import actions, plans
-from ...models import Origin, Task
+from ...models import Origin, Step, Task
 from ..forms import AddStepsForm, PlanForm
-from . import context
+from . import context, transcript_view
 from .respond import actor, answer, can_act
 
 
@@ -52,6 +52,18 @@ def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
     if start is not None and not start.isdigit():
         return HttpResponseBadRequest("from: a step position (a whole number)")
     return _page(request, task, start=int(start) if start is not None else None)
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def step_transcript(request: HttpRequest, step_id: int) -> HttpResponse:
+    """A model step's whole transcript (its card on the task page shows the latest entries)."""
+    step = get_object_or_404(Step, pk=step_id)
+    return render(
+        request,
+        "loop/transcript_page.html",
+        {"step": step, "t": transcript_view.of_step(step), "waiting": context.waiting_count()},
+    )
 
 
 @require_POST
