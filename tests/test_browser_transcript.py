@@ -17,7 +17,7 @@ from loop.models import Step, StepState
 
 from .conftest import make_task, process_env, wait_for
 from .support.llm_server import ModelServer, calls, commit, tool_results
-from .support.sinks import Mailbox, smtp_server
+from .support.sinks import Mailbox
 from .test_browser import (  # noqa: F401  (fixtures)
     ARTIFACTS,
     browser,
@@ -29,6 +29,7 @@ from .test_browser import (  # noqa: F401  (fixtures)
     site,
     still_same_page,
 )
+from .test_model_judge_crash import mailbox  # noqa: F401  (fixture: the real SMTP receiver)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -49,14 +50,10 @@ def model(settings: Any) -> Iterator[ModelServer]:
 
 
 @pytest.fixture
-def mailbox() -> Iterator[tuple[Mailbox, str, int]]:
-    box = Mailbox()
-    for host, port in smtp_server(box):
-        yield box, host, port
-
-
-@pytest.fixture
-def worker_env(model: ModelServer, mailbox: tuple[Mailbox, str, int]) -> dict[str, str]:
+def worker_env(
+    model: ModelServer,
+    mailbox: tuple[Mailbox, str, int],  # noqa: F811
+) -> dict[str, str]:
     """test_browser's `runloop` runs with this: pointed at the model and the SMTP receiver."""
     _, host, port = mailbox
     return process_env(
@@ -72,7 +69,7 @@ def worker_env(model: ModelServer, mailbox: tuple[Mailbox, str, int]) -> dict[st
 def test_dad_watches_the_transcript_grow_and_allows_the_models_email_once(
     site: str,  # noqa: F811
     model: ModelServer,
-    mailbox: tuple[Mailbox, str, int],
+    mailbox: tuple[Mailbox, str, int],  # noqa: F811
     runloop: Any,  # noqa: F811
     browser: Any,  # noqa: F811
     dad_user: User,  # noqa: F811
@@ -112,6 +109,8 @@ def test_dad_watches_the_transcript_grow_and_allows_the_models_email_once(
     )
     step = task.steps.get()
     page = log_in(browser, site, "dad", "dad-password-1")
+    blocked: list[str] = []  # the Content-Security-Policy allows no inline script or style
+    page.on("console", lambda m: blocked.append(m.text) if "Content Security" in m.text else None)
     page.goto(f"{site}/tasks/{task.pk}")
     live_open(page)
     page.evaluate("window.__noReload = true")
@@ -164,4 +163,9 @@ def test_dad_watches_the_transcript_grow_and_allows_the_models_email_once(
     assert "dad@example.com" in letter["To"] and "mum@example.com" in letter["To"]
     assert Step.objects.get(pk=step.pk).state == StepState.DONE
     shot(page, "transcript-done.png")
+
+    page.goto(f"{site}/steps/{step.pk}/transcript")  # the whole transcript, every entry
+    expect(page.locator(f"#transcript-{step.pk}")).to_contain_text("committed: done")
+    expect(page.locator(f"#transcript-{step.pk} .tx-attempt")).to_have_count(2)
+    assert blocked == []
     assert len(box.messages) == 1  # nothing more went out
