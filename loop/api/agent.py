@@ -134,7 +134,7 @@ def _next_answer(agent: AgentToken, task_id: int, begun: object) -> JsonResponse
 def _not_claimable(task_id: int) -> ApiError:
     task = get_task(task_id)
     if task.state not in CLAIMABLE_TASK_STATES:
-        return ApiError(409, f"state: task {task_id} is {task.state}, not running or planning")
+        return ApiError(409, f"state: task {task_id} is {task.state}, not running")
     if task.run_after and task.run_after > timezone.now():
         return ApiError(
             409,
