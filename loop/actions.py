@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, journal, open_steps, plans, questions, sql
+from . import calls, goals, journal, open_steps, plans, questions, sql
 from .models import (
     EffectState,
     EventKind,
@@ -48,8 +49,12 @@ class Refused(Exception):
 
 def follow(task: Task, *, actor: str) -> None:
     """Move the task to match its steps: blocked while its current step is blocked, back to
-    running when it is not, done or failed when nothing runnable remains. In a transaction."""
-    if task.ended or task.state == TaskState.PLANNING:
+    running when it is not, done or failed when nothing runnable remains; a task Pippa plans
+    as its planning step says (`_follow_plan`). In a transaction."""
+    if task.ended:
+        return
+    if goals.planning(task):
+        _follow_plan(task, actor=actor)
         return
     # Through the partial indexes step_open and step_failed: never the task's done steps.
     current = open_steps.first_open([task.pk]).get(task.pk)
@@ -63,11 +68,37 @@ def follow(task: Task, *, actor: str) -> None:
         move_task(task, "unblock", actor=actor)
 
 
+def _follow_plan(task: Task, *, actor: str) -> None:
+    """A task Pippa plans, after its planning step moved: blocked while the step asks Dad,
+    planning again once he answered; when the step is done, failed without a plan, waiting for
+    Dad's approval (LOOP_CONFIRM_PLANS), or running; failed when the step failed."""
+    state = task.steps.filter(key=goals.PLAN_KEY).values_list("state", flat=True).first()
+    if state == StepState.BLOCKED:
+        if task.state == TaskState.PLANNING:
+            move_task(task, "block", actor=actor)
+        return
+    if task.state == TaskState.BLOCKED:
+        move_task(task, "replan", actor=actor)
+    if state in (StepState.PENDING, StepState.RUNNING):
+        return
+    if state != StepState.DONE:
+        move_task(task, "fail", actor=actor, data={"reason": "the planning step failed"})
+    elif not task.steps.exclude(key=goals.PLAN_KEY).exists():
+        move_task(task, "fail", actor=actor, data={"reason": goals.NO_PLAN})
+    elif settings.LOOP_CONFIRM_PLANS:
+        move_task(task, "propose", actor=actor, data={"reason": goals.WAITING})
+    else:
+        move_task(task, "start", actor=actor, data={"reason": "planned"})
+
+
 def after_step_failed(task: Task, *, actor: str) -> None:
     """A failed step pauses its task while other steps remain (waiting for a replacement or a
-    resume); with nothing runnable left the task fails."""
+    resume); with nothing runnable left the task fails. A failed planning step fails its
+    task, whatever steps it added (`_follow_plan`)."""
     remaining = bool(open_steps.first_open([task.pk]))
-    if remaining and task.state in (TaskState.RUNNING, TaskState.BLOCKED):
+    if goals.planning(task):
+        follow(task, actor=actor)
+    elif remaining and task.state in (TaskState.RUNNING, TaskState.BLOCKED):
         move_task(task, "pause", actor=actor, data={"reason": "a step failed"})
     else:
         follow(task, actor=actor)
@@ -97,12 +128,24 @@ def create_task(
     return _create(plan, actor, origin=origin, run=run)
 
 
+def create_task_from_goal(
+    *, goal: Any, title: Any = None, actor: str, user: Who, origin: Origin = Origin.PLAN
+) -> Task:
+    """A task Pippa plans (DESIGN.md §12): created in `planning`, with the goal as its
+    instructions and one step, the planning step (`goals.plan_for`), which a worker's claim
+    takes like a running task's next step; it writes the plan with add_steps. PlanError
+    naming `goal` or `title`, or LOOP_LLM_BASE_URL without a model; nothing is created then."""
+    require(user, "create a task", actor=actor)
+    return _create(goals.plan_for(goal, title=title), actor, origin=origin, start=False)
+
+
 def _create(
     plan: plans.PlanSpec,
     actor: str,
     *,
     origin: Origin = Origin.PLAN,
     run: ScheduleRun | None = None,
+    start: bool = True,
 ) -> Task:
     with transaction.atomic():
         task = Task.objects.create(
@@ -113,11 +156,18 @@ def _create(
             origin_run=run,
             origin_message_id=run.message_id if run else None,
         )
+        planned: dict[str, Any] = {} if start else {"goal": plan.instructions}
         journal.record(
-            EventKind.TASK_CREATED, task=task, actor=actor, title=plan.title, origin=origin
+            EventKind.TASK_CREATED,
+            task=task,
+            actor=actor,
+            title=plan.title,
+            origin=origin,
+            **planned,
         )
         _insert_steps(task, plan.steps, at=0, actor=actor)
-        move_task(task, "start", actor=actor)
+        if start:
+            move_task(task, "start", actor=actor)
     return task
 
 
@@ -216,20 +266,42 @@ def _waive_failed(task: Task, *, actor: str) -> bool:
 
 
 def pause(*, task_id: int, actor: str, user: Who) -> Task:
+    """Pause a running or blocked task; not one Pippa is planning (its plan is not written)."""
     require(user, "pause", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
+        if goals.planning(task):
+            raise Refused(
+                f"can't pause task {task.pk} while Pippa plans it: answer its question, "
+                "or supersede it"
+            )
         _move(task, "pause", actor)
     return task
 
 
 def resume(*, task_id: int, actor: str, user: Who) -> Task:
-    """Resume a paused task; a failed step that paused it is skipped from now on."""
+    """Resume a paused task; a failed step that paused it is skipped from now on. A plan
+    waiting for approval is approved (`approve_plan`), not resumed."""
     require(user, "resume", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
+        if goals.waits_for_approval(task):
+            raise Refused(f"task {task.pk} is {goals.WAITING}: approve the plan instead")
         _move(task, "resume", actor)
         _waive_failed(task, actor=actor)
+        follow(task, actor=actor)
+    return task
+
+
+def approve_plan(*, task_id: int, actor: str, user: Who) -> Task:
+    """Dad's one click under LOOP_CONFIRM_PLANS: the plan Pippa wrote runs (paused →
+    running, journaled "plan approved"). Refused unless the task waits for that approval."""
+    require(user, "approve a plan", actor=actor, task_id=task_id)
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        if not goals.waits_for_approval(task):
+            raise Refused(f"task {task.pk} is {task.state}: no plan of it waits for approval")
+        _move(task, "resume", actor, reason=goals.APPROVED)
         follow(task, actor=actor)
     return task
 

@@ -33,9 +33,9 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
 
 
 def claim_many(owner: int, count: int, *, seconds: int | None = None) -> list[tuple[int, int]]:
-    """Claim up to `count` running, claimable tasks in one statement (`sql.claim_free_tasks`);
-    (task id, new epoch) of each, least-claimed first (every claim bumps the epoch), so a long
-    task cannot starve the others."""
+    """Claim up to `count` claimable tasks (running or planning) in one statement
+    (`sql.claim_free_tasks`); (task id, new epoch) of each, least-claimed first (every claim
+    bumps the epoch), so a long task cannot starve the others."""
     now = timezone.now()
     until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
     found = sql.claim_free_tasks(owner, count, now=now, until=until)

@@ -17,7 +17,7 @@ from .states import STEP, TASK
 
 class TaskState(models.TextChoices):
     PLANNING = "planning", "Planning"
-    """Created; steps may still be added before it runs."""
+    """Created from a goal: its planning step runs (Pippa writes the plan with add_steps)."""
     RUNNING = "running", "Running"
     """Workers may claim it and run its next step."""
     PAUSED = "paused", "Paused"
@@ -135,10 +135,19 @@ def retry_due_at(now: datetime) -> models.Q:
     return models.Q(run_after__isnull=True) | models.Q(run_after__lte=now)
 
 
+# The task states a claim takes: a running task's next step, and a planning task's planning
+# step (DESIGN.md §12). The claim orders by CLAIM_ORDER, which the index task_claim (state,
+# lease_epoch, id) serves for a state IN (...) without a sort: a planning task ('planning'
+# sorts before 'running') is taken before the running ones, least-claimed first within each.
+CLAIMABLE_TASK_STATES = (TaskState.PLANNING, TaskState.RUNNING)
+CLAIMABLE_TASK = models.Q(state__in=CLAIMABLE_TASK_STATES)
+CLAIM_ORDER = ("state", "lease_epoch", "id")
+
+
 def claimable_at(now: datetime) -> models.Q:
-    """The one "claimable" rule: the lease is free and any retry is due. The claim statements
-    (`loop.sql.claim_free_tasks`, `claim_one_task`) are compiled from these same conditions;
-    the ORM's form is `Task.objects.claimable()`."""
+    """The one "claimable" rule, with `CLAIMABLE_TASK` (its states): the lease is free and any
+    retry is due. The claim statements (`loop.sql.claim_free_tasks`, `claim_one_task`) are
+    compiled from these same conditions; the ORM's form is `Task.objects.claimable()`."""
     return lease_free_at(now) & retry_due_at(now)
 
 
@@ -147,9 +156,9 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.filter(state=TaskState.RUNNING)
 
     def claimable(self, now: datetime | None = None) -> TaskQuerySet:
-        """Running tasks a worker may claim now (`claimable_at`): an idle worker's cheap look
-        before it takes the write lock to claim."""
-        return self.running().filter(claimable_at(now or timezone.now()))
+        """Running and planning tasks a worker may claim now (`CLAIMABLE_TASK`,
+        `claimable_at`): an idle worker's cheap look before it takes the write lock to claim."""
+        return self.filter(CLAIMABLE_TASK & claimable_at(now or timezone.now()))
 
     def open(self) -> TaskQuerySet:
         return self.exclude(state__in=ENDED_TASK_STATES)
@@ -187,8 +196,9 @@ class Task(models.Model):
 
     class Meta:
         indexes = [
-            # The claim (sql.claim_free_tasks, for lease.claim_many): state='running' AND
-            # claimable, ORDER BY lease_epoch, id; and an idle worker's look before it
+            # The claim (sql.claim_free_tasks, for lease.claim_many): state IN ('planning',
+            # 'running') AND claimable, ORDER BY state, lease_epoch, id (CLAIM_ORDER: one
+            # ordered descent per state, no sort); and an idle worker's look before it
             # (Task.objects.claimable().exists()).
             models.Index(fields=["state", "lease_epoch", "id"], name="task_claim"),
             # Boot reconciliation finds and releases a dead worker's leases (boot.reconcile).

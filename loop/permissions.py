@@ -29,6 +29,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "answer questions": (ANSWER,),
     "pause": (STEER,),
     "resume": (STEER,),
+    "approve a plan": (STEER,),  # LOOP_CONFIRM_PLANS: Pippa's plan runs once Dad approves it
     "add steps": (STEER,),
     "edit steps": (STEER,),
     "supersede": (STEER, CREATE),  # it creates the successor

@@ -102,7 +102,14 @@ TASK = Machine(
     "task",
     initial="planning",
     table={
-        "planning": {"start": "running", "supersede": "superseded"},
+        # Created from a goal: its planning step (Pippa writing the plan) runs first.
+        "planning": {
+            "start": "running",  # the plan is written (and needs no approval)
+            "propose": "paused",  # LOOP_CONFIRM_PLANS: the plan waits for Dad's approval
+            "block": "blocked",  # the planning step asks Dad a question
+            "fail": "failed",  # no plan: the planning step failed, or wrote no steps
+            "supersede": "superseded",
+        },
         "running": {
             "pause": "paused",
             "block": "blocked",
@@ -118,6 +125,7 @@ TASK = Machine(
         },
         "blocked": {
             "unblock": "running",
+            "replan": "planning",  # the planning step's question was answered
             "pause": "paused",
             "fail": "failed",
             "supersede": "superseded",

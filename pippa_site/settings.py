@@ -330,6 +330,8 @@ LOOP_LLM_TIMEOUT_SECONDS = float(os.environ.get("LOOP_LLM_TIMEOUT_SECONDS", "60"
 LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000)
 # How long a tick keeps retrying an endpoint that is down before it parks the worker.
 LOOP_LLM_RETRY_SECONDS = float(os.environ.get("LOOP_LLM_RETRY_SECONDS", "60"))
+# A task from a goal: Pippa's plan waits for Dad's one-click approval before its first step.
+LOOP_CONFIRM_PLANS = env_bool("LOOP_CONFIRM_PLANS", False)
 LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024)
 LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32)
 

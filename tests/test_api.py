@@ -606,10 +606,11 @@ def test_the_openapi_document_describes_every_api_route(db: None) -> None:
         {"lease_token", "step", "tool", "args", "key"},
         {"lease_token", "step", "tool"},
     )
-    assert bodies["/api/tasks"] == (
-        plans.PLAN_FIELDS - {"schedule", "timezone"},
-        {"title", "steps"},
-    )
+    # a plan, or a goal in words (DESIGN.md §12): one of the two
+    assert bodies["/api/tasks"] == (plans.PLAN_FIELDS - {"schedule", "timezone"} | {"goal"}, set())
+    assert resolved(
+        doc["paths"]["/api/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    )["anyOf"] == [{"required": ["title", "steps"]}, {"required": ["goal"]}]
     assert bodies["/api/schedules"] == (plans.PLAN_FIELDS, {"title", "schedule", "steps"})
     assert bodies["/api/tasks/{task_id}/pause"] == (set(), set())
     step_schema = schemas["PlanStep"]

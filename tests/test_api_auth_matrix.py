@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from loop import actions, permissions
@@ -39,6 +39,7 @@ from .conftest import DAD_PERMISSIONS, make_task, permission_objects, step
 class World:
     open_task: Task  # running, its step pending, nobody holds its lease
     paused: Task
+    proposed: Task  # from a goal; its plan waits for approval (LOOP_CONFIRM_PLANS)
     asking: Step  # blocked on "May I do this?"
     held: Step  # running, its task leased by `next` to the holder
     lease_token: str
@@ -77,11 +78,33 @@ def build_world(holder: Client, file_root: Path) -> World:
     return World(
         open_task=open_task,
         paused=paused,
+        proposed=proposed(dad),
         asking=asked.steps.get(),
         held=held_task.steps.get(),
         lease_token=taken.json()["lease_token"],
         file_root=file_root,
     )
+
+
+def proposed(planner: Client) -> Task:
+    """A task from a goal whose plan waits for approval: an agent took its planning step with
+    `next`, added a step and committed `done`, as the model judge would."""
+    with override_settings(LOOP_LLM_BASE_URL="http://127.0.0.1:9/v1", LOOP_CONFIRM_PLANS=True):
+        task = actions.create_task_from_goal(goal="Plan it.", actor="test", user=SYSTEM)
+        taken = post(planner, f"/api/tasks/{task.pk}/next", {}).json()
+        assert taken["step"]["key"] == "plan", taken
+        added = post(planner, f"/api/tasks/{task.pk}/steps", {"steps": [step("after")]})
+        assert added.status_code == 200, added.content
+        token = taken["lease_token"]
+        done = post(
+            planner,
+            f"/api/steps/{taken['step']['id']}/commit",
+            {"lease_token": token, "verdict": "done"},
+        )
+        assert done.status_code == 200, done.content
+    task.refresh_from_db()
+    assert task.state == "paused"
+    return task
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -118,6 +141,13 @@ ENDPOINTS = [
     ),
     Endpoint(
         "api_resume", "POST", lambda w: (f"/api/tasks/{w.paused.pk}/resume", {}), 200, "resume"
+    ),
+    Endpoint(
+        "api_approve",
+        "POST",
+        lambda w: (f"/api/tasks/{w.proposed.pk}/approve", {}),
+        200,
+        "approve a plan",
     ),
     Endpoint(
         "api_supersede",

@@ -23,6 +23,7 @@ from django.contrib.auth.models import User
 from django.core.signals import request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
+from django.test import override_settings
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -117,6 +118,9 @@ def some_tasks() -> None:
 
 
 @pytest.mark.timeout(240)  # about a minute on an idle 2-core machine; a hard ceiling when loaded
+# A model is configured (none is asked: no worker runs), so a generated `goal` creates a task
+# Pippa would plan, and `judge: model` steps are plans like any other.
+@override_settings(LOOP_LLM_BASE_URL="http://127.0.0.1:9/v1")
 def test_generated_requests_get_documented_answers(
     wsgi_app: Any, dad: User, file_root: Path
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from loop import actions, open_steps, plans
+from loop import actions, lease, open_steps, plans
 from loop.models import Event, EventKind, Step, StepState, Task, TaskState
 from loop.permissions import SYSTEM
 from loop.worker import Worker
@@ -285,3 +285,25 @@ def test_steps_added_in_the_middle_of_a_big_task_move_the_rest_set_wise(db: None
     assert list(task.steps.order_by("position").values_list("position", flat=True)) == list(
         range(2002)
     )
+
+
+def test_the_claim_descends_the_claim_index_in_order_without_a_sort() -> None:
+    """Many tasks, running, planning and done: the claim (planning and running tasks, in
+    CLAIM_ORDER) reads them through task_claim in its order, never sorting every claimable
+    task (models.CLAIMABLE_TASK, sql.claim_free_tasks)."""
+    states = [TaskState.RUNNING] * 3000 + [TaskState.DONE] * 3000 + [TaskState.PLANNING] * 30
+    Task.objects.bulk_create(
+        [Task(title=f"t{n}", state=state, lease_epoch=n % 7) for n, state in enumerate(states)]
+    )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE loop_task")
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        claimed = lease.claim_many(99, 5)
+    [sql] = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("UPDATE")]
+    plan = plan_of(sql)
+    assert "task_claim" in plan, plan
+    assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan
+    # planning tasks first, then running ones, least-claimed first
+    tasks = {t.pk: t for t in Task.objects.filter(pk__in=[pk for pk, _ in claimed])}
+    assert {tasks[pk].state for pk, _ in claimed} == {TaskState.PLANNING}

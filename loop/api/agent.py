@@ -24,7 +24,7 @@ from ninja import Router
 from .. import effects, journal, lease, outcomes, plans, questions, step_life, tools
 from ..effects import canonical
 from ..judges import Verdict
-from ..models import AgentToken, EffectState, EventKind, Step, Task, TaskState
+from ..models import CLAIMABLE_TASK_STATES, AgentToken, EffectState, EventKind, Step, Task
 from ..permissions import require
 from ..serialize import effect_dict, step_dict, task_dict, task_summary
 from ..step_life import NeedsProbe, Started
@@ -133,7 +133,7 @@ def _next_answer(agent: AgentToken, task_id: int, begun: object) -> JsonResponse
 
 def _not_claimable(task_id: int) -> ApiError:
     task = get_task(task_id)
-    if task.state != TaskState.RUNNING:
+    if task.state not in CLAIMABLE_TASK_STATES:
         return ApiError(409, f"state: task {task_id} is {task.state}, not running")
     if task.run_after and task.run_after > timezone.now():
         return ApiError(

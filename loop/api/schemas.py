@@ -64,6 +64,24 @@ class Plan(Schema):
     instructions: SkipValidation[str] = Field(None, description="the task's goal in words")  # type: ignore[assignment]
 
 
+class NewTask(Plan):
+    """A plan, or a goal in words that Pippa plans (DESIGN.md §12): `steps` or `goal`, not
+    both. Passed as sent to `plans.validate`, or to `goals.plan_for` with a goal."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "anyOf": [{"required": ["title", "steps"]}, {"required": ["goal"]}],
+            "additionalProperties": False,
+        },
+    )
+    goal: SkipValidation[str] = Field(
+        None,  # type: ignore[assignment]
+        description="instead of `steps`: the goal in words; the task starts in `planning` and "
+        "the model writes its plan (needs LOOP_LLM_BASE_URL); `title` is optional then",
+    )
+
+
 class ScheduledPlan(Plan):
     """A plan with `schedule` (cron) and its `timezone`."""
 

@@ -52,19 +52,30 @@ def show_task(request: HttpRequest, task_id: int) -> HttpResponse:
     "/tasks",
     auth=COMMAND,
     url_name="api_tasks",
-    summary="Create a task from a plan",
+    summary="Create a task from a plan, or from a goal in words that Pippa plans (`goal` "
+    "instead of `steps`: the task starts in `planning`)",
     openapi_extra=s.example(s.PLAN_EXAMPLE),
     response=s.answers(201, s.Task, command=True),
 )
 @command()
-def create_task(request: HttpRequest, plan: s.Plan) -> HttpResponse:
+def create_task(request: HttpRequest, plan: s.NewTask) -> HttpResponse:
     call = caller(request)
-    spec = plans.validate(call.body())  # the plan as sent: plans.validate is its validator
+    body = call.body()
+    actor, user = call.agent.actor, call.agent.user
+    if "goal" in body:
+        other = sorted(set(body) - {"goal", "title"})
+        if other:
+            raise ApiError(400, f"{other[0]}: a task from a goal takes only 'goal' and 'title'")
+        task = actions.create_task_from_goal(
+            goal=body["goal"], title=body.get("title"), actor=actor, user=user, origin=Origin.API
+        )
+        return JsonResponse(task_dict(task), status=201)
+    if "steps" not in body:
+        raise ApiError(400, "steps: required, or 'goal': the task's goal in words")
+    spec = plans.validate(body)  # the plan as sent: plans.validate is its validator
     if spec.schedule is not None:
         raise ApiError(400, "schedule: a plan with a schedule goes to POST /api/schedules")
-    task = actions.create_task(
-        plan=spec, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
-    )
+    task = actions.create_task(plan=spec, actor=actor, user=user, origin=Origin.API)
     return JsonResponse(task_dict(task), status=201)
 
 
@@ -118,6 +129,22 @@ def resume(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> H
     get_task(task_id)
     resumed = actions.resume(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
     return JsonResponse(task_dict(resumed))
+
+
+@router.post(
+    "/tasks/{int:task_id}/approve",
+    auth=COMMAND,
+    url_name="api_approve",
+    summary="Approve the plan Pippa wrote for a task from a goal (LOOP_CONFIRM_PLANS): the "
+    "task runs; 409 unless it waits for that approval",
+    response=s.answers(200, s.Task, 404, command=True),
+)
+@command()
+def approve(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
+    call = caller(request)
+    get_task(task_id)
+    approved = actions.approve_plan(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    return JsonResponse(task_dict(approved))
 
 
 @router.post(

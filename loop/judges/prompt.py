@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from .. import tools
-from ..models import Event, EventKind, Step
+from ..models import Event, EventKind, Step, TaskState
 
 COMMIT = "commit_step"
 ADD_STEPS = "add_steps"
@@ -133,8 +133,30 @@ ENDING_TOOLS = [
 ]
 
 
+def plan_tools() -> list[str]:
+    """Every tool a plan may use now, as a plan names it (`email.send`), one line each: what
+    the planning step's briefing lists (a tool switched off is left out: plans refuse it)."""
+    lines = []
+    for name in tools.names():
+        tool = tools.get(name)
+        if tool.disabled():
+            continue
+        kind = "side effect" if tool.side_effect else "read-only"
+        args = ", ".join(
+            f"{arg}{'' if spec.required else '?'} ({_arg_type(spec)})"
+            for arg, spec in tool.args.items()
+        )
+        lines.append(f"- {name}: {kind}; args: {args or 'none'}")
+    return lines
+
+
+def _arg_type(arg: tools.Arg) -> str:
+    return f"list of {arg.items}" if arg.type == "list" and arg.items else arg.type
+
+
 def briefing(step: Step) -> str:
-    """What the model is told at the start of each attempt."""
+    """What the model is told at the start of each attempt; a planning tick (its task is
+    `planning`) is told too every tool its plan may use."""
     task = step.task
     lines = [f"Task: {task.title}"]
     if task.instructions:
@@ -155,6 +177,9 @@ def briefing(step: Step) -> str:
         "Instructions:",
         step.instructions,
     ]
+    if task.state == TaskState.PLANNING:
+        lines += ["Tools a plan may use (name: read-only or side effect; args, ? if optional):"]
+        lines += plan_tools()
     answer = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).order_by("-id").first()
     if answer is not None and step.attempts > 1:
         note = answer.data.get("note") or ""

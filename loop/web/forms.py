@@ -44,6 +44,33 @@ class PlanForm(forms.Form):
         return data
 
 
+class NewTaskForm(PlanForm):
+    """A new task: a whole plan, or a goal in words that Pippa plans (`goal`), not both. The
+    goal is checked by the action (`actions.create_task_from_goal`), which names the field."""
+
+    field_order = ["goal", "plan", "file"]
+    goal = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="…or a goal in words: Pippa writes the plan (needs a model)",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = forms.Form.clean(self) or {}
+        if self.errors:
+            return data
+        goal = data.get("goal", "").strip()
+        has_plan = bool(data.get("plan", "").strip()) or data.get("file") is not None
+        if goal and has_plan:
+            raise forms.ValidationError({"goal": "either a plan or a goal, not both"})
+        if not goal and not has_plan:
+            raise forms.ValidationError({"goal": "write a goal, or paste a plan or choose a file"})
+        if goal:
+            data["goal"] = goal
+            return data
+        return super().clean()
+
+
 class AddStepsForm(forms.Form):
     after = forms.ChoiceField(required=False, label="After step")
     steps = forms.CharField(

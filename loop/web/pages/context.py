@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from ... import health, lease, open_steps, questions, transcript
+from ... import goals, health, lease, open_steps, questions, transcript
 from ...models import (
     ENDED_TASK_STATES,
     Effect,
@@ -40,6 +40,7 @@ class Progress:
     total: int
     current: Step | None
     holder: lease.Holder | None = None
+    plan_waits: bool = False  # Pippa's plan waits for Dad's approval (LOOP_CONFIRM_PLANS)
 
     @property
     def percent(self) -> int:
@@ -108,7 +109,12 @@ def progress() -> list[Progress]:
     counts = open_steps.counts(ids)
     current = open_steps.first_open(ids)
     holders = lease.holders(tasks)
-    return [Progress(t, *counts[t.pk], current.get(t.pk), holders.get(t.pk)) for t in tasks]
+    return [
+        Progress(
+            t, *counts[t.pk], current.get(t.pk), holders.get(t.pk), goals.waits_for_approval(t)
+        )
+        for t in tasks
+    ]
 
 
 def recent() -> list[Task]:
@@ -282,11 +288,13 @@ def task_timeline(task: Task, window: Window | None = None) -> timeline.Timeline
 
 def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     """What the task page's head shows: the task, who holds it now (worker or agent), and
-    the tokens its model steps used (summed by the database)."""
+    whether Pippa's plan of it waits for Dad's approval, and the tokens its model steps used
+    (summed by the database)."""
     return {
         "can_act": can_act,
         "task": task,
         "holder": lease.holder(task),
+        "plan_waits": goals.waits_for_approval(task),
         "tokens": transcript.task_usage(task.pk),
     }
 

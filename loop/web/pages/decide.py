@@ -1,4 +1,5 @@
-"""Answers to "May I do this?" and "Did this happen?", and pause / resume."""
+"""Answers to "May I do this?" and "Did this happen?", pause / resume, and approving the plan
+Pippa wrote (LOOP_CONFIRM_PLANS)."""
 
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
     return answer(request, said, fallback=home)
 
 
+STEER = {"pause": actions.pause, "resume": actions.resume, "approve": actions.approve_plan}
+
+
 def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
     page = reverse("loop:task", args=[task.pk])
     try:
-        steer = actions.pause if verb == "pause" else actions.resume
-        steer(task_id=task.pk, actor=actor(request), user=request.user)
+        STEER[verb](task_id=task.pk, actor=actor(request), user=request.user)
     except PermissionDenied as exc:
         return answer(request, str(exc), status=403, fallback=page)
     except actions.Refused as exc:
@@ -81,3 +84,9 @@ def pause(request: HttpRequest, task_id: int) -> HttpResponse:
 @login_required
 def resume(request: HttpRequest, task_id: int) -> HttpResponse:
     return _steer(request, task_id, "resume")
+
+
+@require_POST
+@login_required
+def approve(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _steer(request, task_id, "approve")

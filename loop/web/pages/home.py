@@ -8,9 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from ... import actions, schedules
+from ... import actions, plans, schedules
 from ...models import Origin
-from ..forms import PlanForm
+from ..forms import NewTaskForm
 from . import context
 from .respond import actor, answer, can_act
 
@@ -30,13 +30,28 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def new_task(request: HttpRequest) -> HttpResponse:
-    """GET shows the form; POST creates the task from a pasted or uploaded plan. An invalid
-    plan is shown again with its errors beside the field, and nothing is created."""
-    form = PlanForm()
+    """GET shows the form; POST creates the task from a pasted or uploaded plan, or from a
+    goal that Pippa plans. An invalid plan or goal is shown again with its errors beside the
+    field, and nothing is created."""
+    form = NewTaskForm()
     status = 200
     if request.method == "POST":
-        form = PlanForm(request.POST, request.FILES)
-        if form.is_valid():
+        form = NewTaskForm(request.POST, request.FILES)
+        if form.is_valid() and form.cleaned_data.get("goal"):
+            try:
+                task = actions.create_task_from_goal(
+                    goal=form.cleaned_data["goal"],
+                    actor=actor(request),
+                    user=request.user,
+                    origin=Origin.DASHBOARD,
+                )
+            except PermissionDenied as exc:
+                return answer(request, str(exc), status=403)
+            except plans.PlanError as exc:
+                form.add_error("goal", exc.errors)
+            else:
+                return redirect("loop:task", task_id=task.pk)
+        elif form.is_valid():
             spec = form.cleaned_data["spec"]
             try:
                 if spec.schedule is not None:

@@ -1,0 +1,106 @@
+"""A task from a goal in words (DESIGN.md §12, "Pippa plans, too"): the plan it starts with
+(one planning step that the model judge performs), and where a goal's task stands while Pippa
+plans it. `actions.create_task_from_goal` creates it; `actions.follow` moves it on when the
+planning step ends; `actions.approve_plan` is Dad's one click under LOOP_CONFIRM_PLANS.
+
+Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from . import plans
+from .models import Event, EventKind, Task, TaskState
+
+GOAL_CHARS = 4000  # a goal is words for the model, not a document
+PLAN_KEY = "plan"  # the planning step's key: no step the model adds may take it
+WAITING = "waiting for Dad to approve the plan"
+APPROVED = "plan approved"
+NO_PLAN = "Pippa wrote no plan"
+
+# The planning step's instructions, shown verbatim in its briefing (after the goal, and
+# before the tools a plan may use, which `judges.prompt.briefing` lists as they are now).
+PLANNING = """\
+Write the plan for the goal above; do not carry the goal out yourself in this step.
+Call add_steps with every step the goal needs, in order, then call commit_step with verdict \
+'done' (output: the plan in one line). Each step is an object, one of:
+- a tool step: {"key", "title", "tool": a tool's name as listed below (e.g. "email.send"), \
+"args": {its arguments}, "side_effect": true if the tool has side effects}. An argument may \
+use an earlier step's output: "${key}" or "${key.field}".
+- a model step, for work that needs judgement: {"key", "title", "judge": "model", \
+"instructions": what to do, in words, "tools": [the tools it may use, by name], \
+"side_effect": true if it lists a tool with side effects}.
+Keys are letters, digits, '_', '-' or '.', each used once (not "plan"). If add_steps answers \
+with an error, correct the steps and call add_steps again. If the goal can't be planned, \
+commit_step 'failed' with the reason; to ask Dad something first, 'blocked' with your question."""
+
+
+def plan_for(goal: Any, *, title: Any = None) -> plans.PlanSpec:
+    """The plan a goal's task starts with: the goal as the task's `instructions`, and one
+    step, the planning step (`judge: model`, read-only, the read-only built-ins as its tools).
+    PlanError naming `goal` or `title`, or LOOP_LLM_BASE_URL when no model is configured."""
+    errors = []
+    if not isinstance(goal, str) or not goal.strip():
+        errors.append("goal: required, the task's goal in words (a non-empty string)")
+    elif len(goal) > GOAL_CHARS:
+        errors.append(f"goal: at most {GOAL_CHARS} characters")
+    elif problem := plans.check_value(goal, "goal"):
+        errors.append(problem)
+    if title is not None and (not isinstance(title, str) or not title.strip()):
+        errors.append("title: a non-empty string, or left out (the goal's start)")
+    elif isinstance(title, str) and len(title) > 200:
+        errors.append("title: at most 200 characters")
+    if not settings.LOOP_LLM_BASE_URL:
+        errors.append("goal: Pippa plans with a model: LOOP_LLM_BASE_URL is not set")
+    if errors:
+        raise plans.PlanError(errors)
+    words = str(goal).strip()
+    return plans.validate(
+        {
+            "title": (title or "").strip() or short(words, 80),
+            "instructions": words,
+            "steps": [
+                {
+                    "key": PLAN_KEY,
+                    "title": f"Plan: {short(words, 80)}",
+                    "judge": "model",
+                    "instructions": PLANNING,
+                }
+            ],
+        }
+    )
+
+
+def short(text: str, limit: int) -> str:
+    """The first line of `text`, within `limit` characters (an ellipsis says it was cut)."""
+    line = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def came_from_planning(task: Task) -> bool:
+    """Whether the task's latest move left `planning`: paused so (`propose`), it waits for
+    Dad's approval of its plan; blocked so, its planning step asks Dad a question. Read from
+    the journal's latest `task_state` event of the task (index event_task), committed: not
+    for a move made earlier in the same `journal.batched()` block."""
+    latest = (
+        Event.objects.filter(task_id=task.pk, kind=EventKind.TASK_STATE)
+        .order_by("-id")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return isinstance(latest, dict) and latest.get("old") == TaskState.PLANNING
+
+
+def waits_for_approval(task: Task) -> bool:
+    """Paused by LOOP_CONFIRM_PLANS: Pippa's plan waits for Dad's approval."""
+    return task.state == TaskState.PAUSED and came_from_planning(task)
+
+
+def planning(task: Task) -> bool:
+    """Pippa is still planning it: `planning`, or blocked by its planning step's question."""
+    return task.state == TaskState.PLANNING or (
+        task.state == TaskState.BLOCKED and came_from_planning(task)
+    )
