@@ -25,8 +25,8 @@ NO_PLAN = "Pippa wrote no plan"
 # before the tools a plan may use, which `judges.prompt.briefing` lists as they are now).
 PLANNING = """\
 Write the plan for the goal above; do not carry the goal out yourself in this step.
-Call add_steps with every step the goal needs, in order, then call commit_step with verdict \
-'done' (output: the plan in one line). Each step is an object, one of:
+Call add_steps with every step the goal needs, in order: once add_steps takes them, the plan \
+is written and this step is done. Each step is an object, one of:
 - a tool step: {"key", "title", "tool": a tool's name as listed below (e.g. "email.send"), \
 "args": {its arguments}, "side_effect": true if the tool has side effects}. An argument may \
 use an earlier step's output: "${key}" or "${key.field}".

@@ -116,11 +116,14 @@ def test_the_model_revises_the_plan_with_add_steps(llm: Any, worker: Worker) -> 
         key = now_step(body)
         last = body["messages"][-1]
         if key == "look":
-            if last["role"] == "user":
+            if not tool_results(body["messages"]):
                 return calls(
                     ("add_steps", {"steps": [{"key": "bad", "tool": "nope"}]}),
                     ("add_steps", {"steps": [model_step("extra", "Say hello.")], "after": "look"}),
                 )
+            # add_steps ended the tick: the next attempt's briefing shows the revised plan
+            assert last["role"] == "user" and "- extra: " in last["content"]
+            assert "(attempt 2 of" in last["content"]
             return commit(output="planned")
         return commit(output="hello")
 
@@ -137,6 +140,10 @@ def test_the_model_revises_the_plan_with_add_steps(llm: Any, worker: Worker) -> 
     refused, added = tool_results(server.requests[1]["messages"])
     assert refused.startswith("error: refused: step 'bad': unknown tool 'nope'")
     assert added == "added steps: extra"
+    look = task.steps.get(key="look")
+    assert look.attempts == 2 and look.output == "planned"
+    [revised] = Event.objects.filter(step=look, kind=EventKind.STEP_RETRY)
+    assert "the plan was revised (added extra)" in revised.data["error"]
     assert Event.objects.filter(kind=EventKind.MODEL_CALL_REFUSED, data__tool="add_steps").exists()
     assert Event.objects.filter(kind=EventKind.STEPS_ADDED, actor=worker.actor).exists()
 

@@ -22,7 +22,7 @@ from django.urls import reverse
 
 from loop import actions, goals, lease, transcript
 from loop.api.core import issue
-from loop.models import Event, EventKind, Step, StepState, Task, TaskState
+from loop.models import Event, EventKind, Step, StepState, Task, TaskState, TranscriptEntry
 from loop.permissions import SYSTEM, Forbidden
 from loop.worker import Worker
 
@@ -74,14 +74,14 @@ def the_plan(url: str) -> list[dict[str, Any]]:
 
 
 def planner(url: str) -> Any:
-    """A scripted model: plans (add_steps, then commit_step done), then performs `word`."""
+    """A scripted model: plans (add_steps, which ends the planning step), then performs
+    `word`."""
 
     def script(body: dict[str, Any], n: int) -> Any:
         key = now_step(body)
         if key == goals.PLAN_KEY:
-            if not tool_results(body["messages"]):
-                return calls(("add_steps", {"steps": the_plan(url)}))
-            return commit(output="city, word, send")
+            assert not tool_results(body["messages"]), "add_steps ended the planning tick"
+            return calls(("add_steps", {"steps": the_plan(url)}))
         assert key == "word"
         assert (
             'city: The city [done] output: {"value": {"city": "Berlin"}}'
@@ -163,12 +163,14 @@ def test_a_goal_planned_by_the_model_then_run_to_done(
         assert "- email.send: side effect; args: to (list of string), subject (string)" in shown
         assert "- http.get: read-only; args: url (string), headers? (object)" in shown
         assert "Call add_steps with every step the goal needs" in shown
-        assert '"judge": "model"' in shown and "commit_step with verdict 'done'" in shown
+        assert '"judge": "model"' in shown and "this step is done" in shown
         offered = model.tool_names(0)
         assert {"add_steps", "commit_step", "echo", "http_get"} <= set(offered)
         assert "http_post" not in offered and "email_send" not in offered
 
-        assert tool_results(model.requests[1]["messages"]) == ["added steps: city, word, send"]
+        assert len(model.requests) == 2  # add_steps ended the planning tick; `word` asked once
+        [added] = transcript.entries(Task.objects.get(pk=task.pk).steps.get(key="plan"))[-1:]
+        assert added.content == "added steps: city, word, send"
         steps = list(Task.objects.get(pk=task.pk).steps.order_by("position"))
         assert [(s.key, s.state) for s in steps] == [
             ("plan", "done"),
@@ -176,7 +178,7 @@ def test_a_goal_planned_by_the_model_then_run_to_done(
             ("word", "done"),
             ("send", "done"),
         ]
-        assert steps[0].output == "city, word, send"
+        assert steps[0].output == {"steps": ["city", "word", "send"]}
         # outputs flowed: the model step read `city`, and `send` posted the model's output
         [posted] = receiver.requests
         assert json.loads(posted.body) == {"text": "Berlin is sunny."}
@@ -205,7 +207,7 @@ def test_with_confirm_plans_nothing_runs_before_dad_approves(
         assert moves(task) == [("planning", "paused", goals.WAITING)]
         started = {e.step.key for e in journal(task, EventKind.STEP_STARTED)}
         assert started == {"plan"}
-        assert receiver.requests == [] and len(model.requests) == 2
+        assert receiver.requests == [] and len(model.requests) == 1
         assert list(task.steps.order_by("position").values_list("key", "state")) == [
             ("plan", "done"),
             ("city", "pending"),
@@ -272,19 +274,22 @@ def test_a_refused_plan_comes_back_as_an_error_and_the_second_try_works(
         results = tool_results(body["messages"])
         if not results:
             return calls(("add_steps", {"steps": bad}))
-        if len(results) == 1:
-            return calls(("add_steps", {"steps": good}))
-        return commit(output="hello")
+        assert len(results) == 1, "the accepted add_steps ended the planning tick"
+        return calls(("add_steps", {"steps": good}))
 
     server = llm(script)
     task = actions.create_task_from_goal(goal="Say hi.", title="Hi", actor="dad", user=SYSTEM)
     run_until_idle(worker)
     task.refresh_from_db()
     assert task.state == TaskState.DONE and task.title == "Hi"
-    refused, added = tool_results(server.requests[2]["messages"])
+    assert len(server.requests) == 2
+    [refused] = tool_results(server.requests[1]["messages"])
     assert refused.startswith("error: refused: step 'mail': ")
     assert "'to'" in refused
-    assert added == "added steps: hello"
+    plan = task.steps.get(key="plan")
+    added = TranscriptEntry.objects.filter(step=plan, role="tool").order_by("seq").last()
+    assert added is not None and added.content == "added steps: hello"
+    assert plan.output == {"steps": ["hello"]}  # the plan it wrote
     assert list(task.steps.order_by("position").values_list("key", "state")) == [
         ("plan", "done"),
         ("hello", "done"),
@@ -307,9 +312,11 @@ def test_a_plan_step_that_writes_no_plan_fails_the_task(llm: Any, worker: Worker
 @pytest.mark.django_db
 def test_a_failed_plan_step_fails_the_task(llm: Any, worker: Worker) -> None:
     def script(body: dict[str, Any], n: int) -> Any:
-        if not tool_results(body["messages"]):
-            return calls(("add_steps", {"steps": [step("a", args={"value": 1})]}))
-        return commit("failed", error="the goal makes no sense")
+        # a reply that also commits ends with its verdict, not as a written plan
+        return calls(
+            ("add_steps", {"steps": [step("a", args={"value": 1})]}),
+            ("commit_step", {"verdict": "failed", "error": "the goal makes no sense"}),
+        )
 
     llm(script)
     task = actions.create_task_from_goal(goal="Square the circle.", actor="dad", user=SYSTEM)
@@ -329,10 +336,9 @@ def test_a_plan_step_that_asks_dad_waits_then_plans_with_his_answer(
         shown = briefings(body["messages"])[-1]
         if "Dad's last answer" not in shown:
             return commit("blocked", question="Which city?")
-        if not tool_results(body["messages"])[1:]:
-            assert "Paris" in shown
-            return calls(("add_steps", {"steps": [step("say", args={"value": "sunny"})]}))
-        return commit(output="say")
+        assert not tool_results(body["messages"])[1:], "add_steps ended the planning tick"
+        assert "Paris" in shown
+        return calls(("add_steps", {"steps": [step("say", args={"value": "sunny"})]}))
 
     llm(script)
     task = actions.create_task_from_goal(goal="Say the weather.", actor="dad", user=SYSTEM)

@@ -8,7 +8,8 @@ One tick of a model step:
     → brief the model at the start of each attempt (the task, the plan with states and
       outputs, the step's instructions verbatim)
     → up to LOOP_LLM_MAX_TURNS requests: commit the reply, then run its calls in order, each
-      result committed before the next call or request, until `commit_step`
+      result committed before the next call or request, until a reply ends the tick: with
+      `commit_step` (its verdict), or with an accepted `add_steps` (`_revised`)
 
 A side-effect call goes through the outbox with an effect id derived from the committed call
 (the step, the reply's row, the call's place in it), so the same call after a crash is the
@@ -28,8 +29,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from .. import actions, calls, effects, journal, llm, plans, questions, tools, transcript
-from ..models import Effect, Event, EventKind, Step, TranscriptEntry
+from .. import actions, calls, effects, goals, journal, llm, plans, questions, tools, transcript
+from ..models import Effect, Event, EventKind, Step, Task, TranscriptEntry
 from ..outcomes import Busy, Done, Fenced, NotSent, Rejected, Uncertain
 from ..permissions import SYSTEM
 from .base import Verdict, Work
@@ -48,6 +49,8 @@ from .prompt import (
 )
 
 log = logging.getLogger("loop.judge.model")
+
+ADDED = "added steps: "  # an accepted add_steps call's result, then the keys
 
 
 def call_key(step: Step, entry: TranscriptEntry, index: int) -> str:
@@ -290,9 +293,7 @@ class Tick:
                     user=SYSTEM,
                 )
                 keys = ", ".join(s.key for s in added)
-                transcript.add_result(
-                    self.step, call_id, f"added steps: {keys}", actor=self.holder.actor
-                )
+                transcript.add_result(self.step, call_id, ADDED + keys, actor=self.holder.actor)
         except (plans.PlanError, actions.Refused) as exc:
             self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
 
@@ -325,7 +326,31 @@ class Tick:
             args = _commit_args(call) if call.get("name") == COMMIT else None
             if args is not None:
                 return _verdict(self.where, args)
-        return None
+        return self._revised(replies[-1], rows)
+
+    def _revised(self, reply: TranscriptEntry, rows: list[TranscriptEntry]) -> Verdict | None:
+        """`add_steps` ends the tick too (DESIGN.md §12), when the plan took the steps and the
+        reply did not commit: a planning step is then done, its output the steps it wrote; any
+        other step goes on in its next attempt, whose briefing shows the revised plan."""
+        asked = {c.get("id") for c in reply.tool_calls or [] if c.get("name") == ADD_STEPS}
+        added = [
+            key.strip()
+            for r in rows
+            if r.role == transcript.Role.TOOL
+            and r.tool_call_id in asked
+            and r.content.startswith(ADDED)
+            for key in r.content[len(ADDED) :].split(",")
+        ]
+        if not added:
+            return None
+        task = Task.objects.only("state").get(pk=self.step.task_id)
+        if self.step.key == goals.PLAN_KEY and goals.planning(task):
+            return Verdict.done({"steps": added})
+        return Verdict.retry(
+            f"{self.where}: the plan was revised (added {', '.join(added)}); the step goes on "
+            "with the revised plan",
+            delay=0,
+        )
 
 
 def _unique_ids(found: list[dict[str, str]], rows: list[TranscriptEntry]) -> list[dict[str, str]]:

@@ -26,7 +26,9 @@ SYSTEM_TEXT = (
     "effects (mails, posts, writes) happen exactly once; if a result says one may have "
     "happened, believe it and do not try again. When the step is finished call commit_step: "
     "verdict 'done' with its output, 'failed' with the error, 'retry' to try again later, or "
-    "'blocked' with a question for Dad. You may revise the plan with add_steps."
+    "'blocked' with a question for Dad. You may revise the plan with add_steps: once it takes "
+    "the steps, this turn ends, and unless the same reply calls commit_step you go on with "
+    "this step in its next attempt, shown the revised plan."
 )
 
 # The plan in a briefing is cut at this many times LOOP_LLM_RESULT_CHARS.
