@@ -5,16 +5,27 @@ with the real receivers of tests/sinks.py."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loop import actions, transcript
-from loop.models import Effect, Event, EventKind, Step, StepState, TaskState, TranscriptEntry
+from loop.models import (
+    Effect,
+    Event,
+    EventKind,
+    Step,
+    StepState,
+    Task,
+    TaskState,
+    TranscriptEntry,
+)
 from loop.worker import Worker
 
-from .conftest import make_task, run_until_idle
+from .conftest import kill, make_task, process_env, run_until_idle, start_runloop, wait_for
 from .support.llm_server import (
     ModelServer,
     Refuse,
@@ -400,3 +411,69 @@ def test_a_model_request_that_times_out_is_retried_and_journaled(
     assert (step.state, step.output, step.attempts) == (StepState.DONE, "in time", 1)
     [retry] = Event.objects.filter(kind=EventKind.MODEL_RETRY)
     assert retry.data["reason"] == "timed out after 0.5s"
+
+
+# ---- through a real runloop process ----------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_runloop_runs_model_steps_that_revise_the_plan_and_pass_outputs_on(
+    settings: Any, tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """One `runloop` process, a real HTTP receiver: `look` reads it and adds `peek` to the
+    plan (add_steps ends its tick; its next attempt commits what it read); `peek`, read-only,
+    calls http_post anyway and is refused, nothing sent; `send` posts `look`'s output."""
+    with Receiver() as receiver:
+
+        def script(body: dict[str, Any], n: int) -> Any:
+            key, done = now_step(body), tool_results(body["messages"])
+            if key == "look":
+                if not done:
+                    return calls(("http_get", {"url": receiver.url("/weather")}))
+                if len(done) == 1:
+                    return calls(("add_steps", {"steps": [PEEK], "after": "look"}))
+                assert "- peek: " in briefings(body["messages"])[-1]  # the revised plan
+                return commit(output=json.loads(done[0])["body"])
+            if key == "peek":
+                return calls(("http_post", {"url": receiver.url()})) if not done else commit()
+            assert 'look: Look [done] output: {"hello": "world"}' in briefings(body["messages"])[-1]
+            if not done:
+                return calls(("http_post", {"url": receiver.url(), "json": {"hello": "world"}}))
+            return commit(output="sent")
+
+        PEEK = model_step("peek", "Only look.", title="Peek", tools=["echo"])
+        with ModelServer(script) as model:
+            settings.LOOP_LLM_BASE_URL = model.base_url
+            task = make_task(
+                model_step("look", "Read the weather.", title="Look", tools=["http.get"]),
+                model_step("send", "Post what look read.", tools=["http.post"], side_effect=True),
+            )
+            env = process_env(LOOP_LLM_BASE_URL=model.base_url, LOOP_IDLE_SLEEP_MS="20")
+            proc = start_runloop(env=env, log=tmp_path / "runloop.log")
+            processes.append(proc)
+            wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.DONE, timeout=90)
+            kill(proc)
+            peek_offered = [
+                model.tool_names(i)
+                for i, body in enumerate(model.requests)
+                if now_step(body) == "peek"
+            ]
+        [posted] = receiver.posts
+    assert json.loads(posted.body) == {"hello": "world"}
+    steps = list(Task.objects.get(pk=task.pk).steps.order_by("position"))
+    assert [(s.key, s.state) for s in steps] == [
+        ("look", "done"),
+        ("peek", "done"),
+        ("send", "done"),
+    ]
+    assert steps[0].output == {"hello": "world"} and steps[0].attempts == 2
+    assert all("http_post" not in offered for offered in peek_offered)
+    refused = TranscriptEntry.objects.filter(step=steps[1], role="tool").order_by("seq").first()
+    assert refused is not None
+    assert (
+        refused.content
+        == "error: the tool 'http_post' is not offered to this step: nothing was run"
+    )
+    assert not Effect.objects.filter(step=steps[1]).exists()
+    for s in steps:
+        assert_paired(s)
