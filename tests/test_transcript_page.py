@@ -140,7 +140,9 @@ def test_a_model_steps_card_shows_its_words_calls_results_effect_and_tokens(
     assert "<code>echo</code>" in card and "<code>email_send</code>" in card
     assert "(email.send)" in card
     assert "&quot;calendar&quot;: &quot;dentist Tuesday&quot;" in card
-    assert "&quot;subject&quot;: &quot;This week&quot;" in card
+    # a tool's call as its "May I do this?" shows it: the email's fields, by name
+    mail = card.split("<code>email_send</code>", 1)[1]
+    assert "<dt>Subject</dt>" in mail and "This week" in mail.split("<dt>Subject</dt>", 1)[1]
     assert "committed: done" in card
     # the effect of the email call, its state and receipt
     assert f"{effect.pk[:8]}…" in card and 'class="pill pill-succeeded"' in card
@@ -179,6 +181,21 @@ def test_hostile_model_text_is_shown_escaped_never_as_markup(configured: None, d
     assert "&lt;img src=x onerror=1&gt;" in card
     assert "{not json &lt;i&gt;" in card  # arguments that are not JSON: as the model wrote them
     assert "no result yet" in card  # call b waits for its result
+
+
+def test_a_call_is_shown_as_its_question_shows_it_credentials_left_out(
+    configured: None, dad: User
+) -> None:
+    task = model_task()
+    step = task.steps.get()
+    headers = {"Authorization": "Bearer s3cret-value", "X-Trace": "visible-value"}
+    args = {"url": "http://127.0.0.1:9/hook", "headers": headers, "json": {"a": 1}}
+    transcript.add_reply(
+        step, "", [{"id": "a", "name": "http_post", "arguments": json.dumps(args)}]
+    )
+    card = card_of(page_of(dad, task), step)
+    assert "POST http://127.0.0.1:9/hook" in card and "X-Trace: visible-value" in card
+    assert "s3cret" not in card and "(a credential, 19 characters, not shown)" in card
 
 
 def test_a_long_result_folds_with_a_note_and_the_whole_text_is_in_the_page(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
-from ... import transcript
+from ... import tools, transcript
 from ...judges.model import call_key
 from ...models import Effect, Step, TranscriptEntry
 from ...tools import shown
@@ -43,10 +43,11 @@ class Call:
     id: str
     name: str  # as the model wrote it: email_send
     tool: str  # the loop's name of it, when it names an installed tool: email.send
-    arguments: shown.Field
+    arguments: list[shown.Field]  # as a person is shown the call (credentials not shown)
     result: Result | None  # None: still waiting (a question for Dad, or running now)
     effect: Effect | None  # the effect of the call, once its intent was recorded
     index: int
+    key: str  # its folds' ids: the reply's row and the call's place in it
 
 
 @dataclass(frozen=True)
@@ -151,20 +152,28 @@ def _call(
     results: dict[str, TranscriptEntry],
     effects: dict[str, Effect],
 ) -> Call:
+    name = one.get("name", "")
+    loop_name = transcript.tool_named(name)
     raw = one.get("arguments") or ""
     try:
-        arguments = shown.Field("Arguments", shown.json_text(json.loads(raw or "{}")), "json")
+        args = json.loads(raw or "{}")
     except ValueError:
-        arguments = shown.Field("Arguments", raw, "code")  # as the model wrote it
+        arguments = [shown.Field("Arguments", raw, "code")]  # as the model wrote them
+    else:
+        # An installed tool's call as its "May I do this?" shows it (one way to show a call);
+        # any other call's arguments as JSON.
+        found = tools.find(loop_name) if loop_name else None
+        if found is not None:
+            arguments = found.request_view(args)
+        else:
+            arguments = [shown.Field("Arguments", shown.json_text(args), "json")]
     answer = results.get(one.get("id", ""))
     result = _result(answer, effects) if answer is not None else None
     # Its effect, if it has one: the result names it; before the result (a question for Dad,
     # a cut), the id the model judge derives from the committed call.
     effect = result.effect if result else effects.get(call_key(step, row, index))
-    name = one.get("name", "")
-    return Call(
-        one.get("id", ""), name, transcript.tool_named(name), arguments, result, effect, index
-    )
+    key = f"{row.pk}-{index}"
+    return Call(one.get("id", ""), name, loop_name, arguments, result, effect, index, key)
 
 
 def _result(row: TranscriptEntry, effects: dict[str, Effect]) -> Result:
