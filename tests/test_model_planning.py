@@ -484,6 +484,8 @@ def test_dad_approves_the_plan_with_one_click(
     url = reverse("loop:approve", args=[task.pk])
     home = logged_in(dad).get(reverse("loop:home")).content.decode()
     assert "the plan waits for your approval" in home and url in home
+    # it is in "Needs you" too, counted with the questions
+    assert f'id="plan-waits-{task.pk}"' in home and 'data-count="1"' in home
     page = logged_in(dad).get(reverse("loop:task", args=[task.pk])).content.decode()
     assert "Approve the plan" in page and url in page and "Resume</button>" not in page
 
@@ -500,4 +502,8 @@ def test_dad_approves_the_plan_with_one_click(
     assert Task.objects.get(pk=task.pk).state == TaskState.RUNNING
     assert moves(task)[-1] == ("paused", "running", goals.APPROVED)
     assert logged_in(dad).post(url).status_code == 409  # nothing waits any more
+    assert (
+        f'id="plan-waits-{task.pk}"'
+        not in logged_in(dad).get(reverse("loop:home")).content.decode()
+    )
     assert Step.objects.filter(task=task).count() == 4

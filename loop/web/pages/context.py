@@ -23,6 +23,7 @@ from ...models import (
     Step,
     StepState,
     Task,
+    TaskState,
 )
 from ...tools.shown import pretty
 from .. import timeline
@@ -85,7 +86,15 @@ def seen_near(last: int) -> str:
 
 
 def waiting_count() -> int:
-    return Step.objects.blocked().count()
+    """What waits for Dad: the questions, and the plans Pippa wrote that wait for approval."""
+    return Step.objects.blocked().count() + len(plans_waiting())
+
+
+def plans_waiting() -> list[Task]:
+    """Tasks whose plan Pippa wrote and Dad has to approve (LOOP_CONFIRM_PLANS): paused, and
+    so from `planning` (one journal read per paused task, a paused task being rare)."""
+    paused = Task.objects.filter(state=TaskState.PAUSED).order_by("id")
+    return [t for t in paused if goals.waits_for_approval(t)]
 
 
 def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
@@ -125,10 +134,12 @@ def recent() -> list[Task]:
 
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
     asked = needs_you()
+    plans = plans_waiting()
     context: dict[str, Any] = {
         "can_act": can_act,
         "questions": asked,
-        "waiting": len(asked),
+        "plans": plans,
+        "waiting": len(asked) + len(plans),
         "running": progress(),
         "recent": recent(),
     }
