@@ -15,6 +15,7 @@ Everything runs in the caller's transaction; nothing here decides whether a chan
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
@@ -241,9 +242,9 @@ def update_many(
     model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]]
 ) -> int:
     """`update` for several rows, each with its own values for the same columns and
-    conditions, in one statement (executemany); the total row count. The compare-and-set of
+    conditions, in one statement (`_update_rows`); the total row count. The compare-and-set of
     every state change (loop.transitions): a batch's starts, verdicts and effect claims, set-
-    wise (commit f17186c), each row's statement prepared once, not compiled."""
+    wise (commit f17186c), the statement built once per shape, not compiled."""
     conn = connections["default"]
     conds = tuple((name, value is None) for name, value in where[0].items())
     sql, fields = _update(model, tuple(changes[0]), conds)
@@ -258,12 +259,64 @@ def update_many(
                 for (field, kind), value in zip(fields, values, strict=True)
             ]
         )
+    count = 0
     with conn.cursor() as cursor:
-        if len(params) == 1:
-            cursor.execute(sql, params[0])
+        for chunk in _chunks(params):
+            if len(chunk) == 1:
+                cursor.execute(sql, chunk[0])
+            else:
+                rows = _update_rows(model, tuple(changes[0]), conds, len(chunk), conn.vendor)
+                cursor.execute(rows, [value for row in chunk for value in row])
+            count += cursor.rowcount
+    return count
+
+
+ROWS_AT_ONCE = 500  # rows in one multi-row statement, well inside both databases' limits
+
+
+def _chunks(params: list[list[Any]]) -> list[list[list[Any]]]:
+    return [params[n : n + ROWS_AT_ONCE] for n in range(0, len(params), ROWS_AT_ONCE)]
+
+
+@cache
+def _update_rows(
+    model: type[Model],
+    names: tuple[str, ...],
+    where: tuple[tuple[str, bool], ...],
+    count: int,
+    vendor: str,
+) -> str:
+    """`_update`'s statement for `count` rows at once: UPDATE … FROM (VALUES (…), …) AS v,
+    each row's values in `_update`'s parameter order (v.column1, v.column2, …, as both
+    databases name a VALUES list's columns). One statement, parsed and planned once, instead
+    of one per row: on PostgreSQL an executemany sends and plans each row's statement apart.
+    PostgreSQL reads the values' types from the columns (CAST to the column's type without a
+    length, so a value too long fails as it would in a plain UPDATE, never cut)."""
+    table = _q(model._meta.db_table)
+    fields = [_field(model, n) for n in names]
+    fields += [_field(model, n) for n, null in where if not null]
+
+    def value(n: int) -> str:
+        if vendor != "postgresql":
+            return f"v.column{n + 1}"
+        kind = re.sub(r"\(.*\)", "", fields[n].cast_db_type(connection) or "")  # type: ignore[attr-defined]
+        return f"CAST(v.column{n + 1} AS {kind})"
+
+    sets = ", ".join(f"{_q(f.column)} = {value(n)}" for n, f in enumerate(fields[: len(names)]))
+    conds = []
+    n = len(names)
+    for name, null in where:
+        column = f"{table}.{_q(_field(model, name).column)}"
+        if null:
+            conds.append(f"{column} IS NULL")
         else:
-            cursor.executemany(sql, params)
-        return cursor.rowcount
+            conds.append(f"{column} = {value(n)}")
+            n += 1
+    marks = ", ".join(f"({_marks(fields)})" for _ in range(count))
+    return (
+        f"UPDATE {table} SET {sets} FROM (VALUES {marks}) AS v "  # noqa: S608
+        f"WHERE {' AND '.join(conds)}"
+    )
 
 
 @cache
@@ -279,22 +332,22 @@ def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:
     """New rows from these values (primary keys given) and the model's defaults, as
     `objects.create` would write them (for models without auto_now fields or save()
     overrides), in one statement. A batch's effect intents (effects.intend_all), written
-    with the steps' start: one executemany instead of a compiled INSERT per effect."""
+    with the steps' start: one statement instead of a compiled INSERT per effect."""
     objs = [model(**one) for one in values]
     _insert(model, objs, list(model._meta.concrete_fields))
     return objs
 
 
 def insert_all(model: type[M], objs: list[M]) -> None:
-    """INSERT these new objects, their primary keys left to the database, with one
-    executemany of one prepared statement (Django's bulk_create compiles every row's values
-    anew: 0.1 ms a row). The objects' pks are not set: read them back by a unique key."""
+    """INSERT these new objects, their primary keys left to the database, with one statement
+    built once per shape (Django's bulk_create compiles every row's values anew: 0.1 ms a
+    row). The objects' pks are not set: read them back by a unique key."""
     _insert(model, objs, [f for f in model._meta.concrete_fields if not f.primary_key])
 
 
 def _insert(model: type[M], objs: list[M], concrete: list[Any]) -> None:
     """`objs`' values of these fields, prepared as the database takes them, in one
-    executemany; then the objects count as saved."""
+    statement; then the objects count as saved."""
     conn = connections["default"]
     fields = [(f, f.attname, _kind(f)) for f in concrete]
     names = tuple(f.name for f in concrete)
@@ -313,11 +366,22 @@ def _insert(model: type[M], objs: list[M], concrete: list[Any]) -> None:
 
 def insert_rows(model: type[Model], names: tuple[str, ...], params: list[list[Any]]) -> None:
     """INSERT these rows' values, already as the database takes them, for the fields `names`,
-    with one executemany of one cached statement. The journal writes each event with it
+    with one cached multi-row statement (`_insert_rows`). The journal writes each event with it
     (`journal.record`, a batch's events at once in `journal.batched`): several per step, each
     of which `Event.objects.create` would compile anew (commit 0ccbeae)."""
     with connections["default"].cursor() as cursor:
-        cursor.executemany(insert_sql(model, names, returning=False), params)
+        for chunk in _chunks(params):
+            sql = _insert_rows(model, names, len(chunk))
+            cursor.execute(sql, [value for row in chunk for value in row])
+
+
+@cache
+def _insert_rows(model: type[Model], names: tuple[str, ...], count: int) -> str:
+    """INSERT of `count` rows in one statement (VALUES (…), (…), …): parsed and planned once,
+    where an executemany would send and plan one statement per row (on PostgreSQL)."""
+    one = insert_sql(model, names, returning=False)
+    head, marks = one.rsplit(" VALUES ", 1)
+    return f"{head} VALUES {', '.join(marks for _ in range(count))}"
 
 
 # ---- conditions: the models' rules, compiled by the ORM once --------------------------------

@@ -205,6 +205,23 @@ def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
         assert done[1].output["effects_running"] == 2
 
 
+def test_a_receipt_carried_by_a_verdict_is_written_even_when_the_verdict_comes_too_late(
+    worker: Worker,
+) -> None:
+    tasks = [make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}") for n in range(2)]
+    with transaction.atomic():
+        begun = worker.claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    verdicts, _ = worker.perform(batch)
+    assert all(len(v.receipts) == 1 for _, v in verdicts)  # performed, success not yet written
+    Task.objects.filter(pk=tasks[1].pk).update(lease_epoch=F("lease_epoch") + 1)  # another took it
+    worker.commit_batch(verdicts, [])
+    # Both effects happened, and both say so; only the moved task's verdict was refused.
+    assert set(Effect.objects.values_list("state", "sends")) == {("succeeded", 1)}
+    assert dict(Step.objects.values_list("key", "state")) == {"e0": "done", "e1": "running"}
+    assert Event.objects.get(kind="late_result").step.key == "e1"
+
+
 def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
     worker: Worker,
 ) -> None:
