@@ -265,8 +265,8 @@ def update_many(
             if len(chunk) == 1:
                 cursor.execute(sql, chunk[0])
             else:
-                rows = _update_rows(model, tuple(changes[0]), conds, len(chunk), conn.vendor)
-                cursor.execute(rows, [value for row in chunk for value in row])
+                rows = _update_rows(model, tuple(changes[0]), conds, _count(chunk), conn.vendor)
+                cursor.execute(rows, _rows_params(chunk, conn.vendor))
             count += cursor.rowcount
     return count
 
@@ -278,6 +278,36 @@ def _chunks(params: list[list[Any]]) -> list[list[list[Any]]]:
     return [params[n : n + ROWS_AT_ONCE] for n in range(0, len(params), ROWS_AT_ONCE)]
 
 
+def _count(chunk: list[list[Any]]) -> int:
+    """The row count a multi-row statement is built for: on PostgreSQL any (its rows come as
+    arrays, one parameter per column), on SQLite this chunk's."""
+    return 0 if connection.vendor == "postgresql" else len(chunk)
+
+
+def _rows(fields: Sequence[Field[Any, Any]], count: int, vendor: str) -> tuple[str, list[str]]:
+    """A FROM item that yields rows of these fields' values, and the names of its columns.
+    PostgreSQL: `unnest(%s::type[], …) AS v(c1, …)`, one array parameter per column, so the
+    statement stays short and its parameters few whatever the row count (psycopg parses the
+    placeholders of a statement with more than 50 parameters anew at every call, 0.4 ms);
+    SQLite: `(VALUES (%s, …), …) AS v`, whose columns are v.column1, v.column2, …. Each
+    array is of the column's type without its length, so a value too long fails as in a
+    plain UPDATE, never cut."""
+    if vendor == "postgresql":
+        kinds = [re.sub(r"\(.*\)", "", f.cast_db_type(connection) or "") for f in fields]  # type: ignore[attr-defined]
+        names = [f"c{n + 1}" for n in range(len(fields))]
+        arrays = ", ".join(f"%s::{kind}[]" for kind in kinds)
+        return f"unnest({arrays}) AS v({', '.join(names)})", [f"v.{n}" for n in names]
+    marks = ", ".join(f"({_marks(fields)})" for _ in range(count))
+    return f"(VALUES {marks}) AS v", [f"v.column{n + 1}" for n in range(len(fields))]
+
+
+def _rows_params(chunk: list[list[Any]], vendor: str) -> list[Any]:
+    """`_rows`' parameters for these rows: on PostgreSQL a list per column, else row by row."""
+    if vendor == "postgresql":
+        return [list(column) for column in zip(*chunk, strict=True)]
+    return [value for row in chunk for value in row]
+
+
 @cache
 def _update_rows(
     model: type[Model],
@@ -286,23 +316,14 @@ def _update_rows(
     count: int,
     vendor: str,
 ) -> str:
-    """`_update`'s statement for `count` rows at once: UPDATE … FROM (VALUES (…), …) AS v,
-    each row's values in `_update`'s parameter order (v.column1, v.column2, …, as both
-    databases name a VALUES list's columns). One statement, parsed and planned once, instead
-    of one per row: on PostgreSQL an executemany sends and plans each row's statement apart.
-    PostgreSQL reads the values' types from the columns (CAST to the column's type without a
-    length, so a value too long fails as it would in a plain UPDATE, never cut)."""
+    """`_update`'s statement for many rows at once, UPDATE … FROM `_rows` AS v, each row's
+    values in `_update`'s parameter order: one statement, parsed and planned once, instead of
+    one per row (on PostgreSQL an executemany sends and plans each row's statement apart)."""
     table = _q(model._meta.db_table)
     fields = [_field(model, n) for n in names]
     fields += [_field(model, n) for n, null in where if not null]
-
-    def value(n: int) -> str:
-        if vendor != "postgresql":
-            return f"v.column{n + 1}"
-        kind = re.sub(r"\(.*\)", "", fields[n].cast_db_type(connection) or "")  # type: ignore[attr-defined]
-        return f"CAST(v.column{n + 1} AS {kind})"
-
-    sets = ", ".join(f"{_q(f.column)} = {value(n)}" for n, f in enumerate(fields[: len(names)]))
+    source, values = _rows(fields, count, vendor)
+    sets = ", ".join(f"{_q(f.column)} = {values[n]}" for n, f in enumerate(fields[: len(names)]))
     conds = []
     n = len(names)
     for name, null in where:
@@ -310,13 +331,9 @@ def _update_rows(
         if null:
             conds.append(f"{column} IS NULL")
         else:
-            conds.append(f"{column} = {value(n)}")
+            conds.append(f"{column} = {values[n]}")
             n += 1
-    marks = ", ".join(f"({_marks(fields)})" for _ in range(count))
-    return (
-        f"UPDATE {table} SET {sets} FROM (VALUES {marks}) AS v "  # noqa: S608
-        f"WHERE {' AND '.join(conds)}"
-    )
+    return f"UPDATE {table} SET {sets} FROM {source} WHERE {' AND '.join(conds)}"  # noqa: S608
 
 
 @cache
@@ -369,19 +386,21 @@ def insert_rows(model: type[Model], names: tuple[str, ...], params: list[list[An
     with one cached multi-row statement (`_insert_rows`). The journal writes each event with it
     (`journal.record`, a batch's events at once in `journal.batched`): several per step, each
     of which `Event.objects.create` would compile anew (commit 0ccbeae)."""
-    with connections["default"].cursor() as cursor:
+    conn = connections["default"]
+    with conn.cursor() as cursor:
         for chunk in _chunks(params):
-            sql = _insert_rows(model, names, len(chunk))
-            cursor.execute(sql, [value for row in chunk for value in row])
+            sql = _insert_rows(model, names, _count(chunk), conn.vendor)
+            cursor.execute(sql, _rows_params(chunk, conn.vendor))
 
 
 @cache
-def _insert_rows(model: type[Model], names: tuple[str, ...], count: int) -> str:
-    """INSERT of `count` rows in one statement (VALUES (…), (…), …): parsed and planned once,
+def _insert_rows(model: type[Model], names: tuple[str, ...], count: int, vendor: str) -> str:
+    """INSERT of many rows in one statement (… SELECT FROM `_rows`): parsed and planned once,
     where an executemany would send and plan one statement per row (on PostgreSQL)."""
-    one = insert_sql(model, names, returning=False)
-    head, marks = one.rsplit(" VALUES ", 1)
-    return f"{head} VALUES {', '.join(marks for _ in range(count))}"
+    columns = ", ".join(_q(_field(model, n).column) for n in names)
+    source, values = _rows([_field(model, n) for n in names], count, vendor)
+    table = _q(model._meta.db_table)
+    return f"INSERT INTO {table} ({columns}) SELECT {', '.join(values)} FROM {source}"  # noqa: S608
 
 
 # ---- conditions: the models' rules, compiled by the ORM once --------------------------------
