@@ -12,7 +12,13 @@ without a committed intent: a failed write raises before the world is touched.
 
 `send_all` takes the calls of several steps (a worker's batch) through these phases together,
 so each COMMIT serves them all, and performs the claimed effects at once, one thread each:
-every effect in flight has its own committed claim, as a lone call's would.
+every effect in flight has its own committed claim, as a lone call's would. With `deferring`
+(the worker's tool judge), the success of an effect whose call is safe to repeat is not
+committed on its own: it comes back as a `Receipt`, which the caller writes in the commit of
+its step's verdict (`record_receipts`). A cut before that commit leaves the effect `running`
+under a lapsing claim, which settles as every such cut does (§9: back to `pending`, sent
+again, the receiver deduplicating on its key), so it costs no question, and a step's batch
+saves a commit.
 """
 
 from __future__ import annotations
@@ -101,12 +107,35 @@ def call(
     return outcome
 
 
+@dataclass(frozen=True, eq=False)
+class Receipt:
+    """An effect performed and answered, safe to repeat, whose success is not yet written:
+    the caller writes it (`record_receipts`) in the commit of its step's verdict."""
+
+    request: Request
+    effect: Effect
+    response: dict[str, Any]
+
+
 def send_all(calls: Sequence[Request | Intent]) -> list[Outcome]:
     """Side-effect calls of different steps, under one lease owner, through the outbox
     together: their intents in one commit (unless they come as intents, written with their
     steps' starts), their fenced claims in one commit, performed at once, their outcomes in
     one commit. The outcome of each, in order. A failed write raises: then nothing was
     performed that was not claimed, and nothing was claimed without a committed intent."""
+    return [outcome for outcome, _ in _send_all(calls, defer=False)]
+
+
+def deferring(calls: Sequence[Request | Intent]) -> list[tuple[Outcome, Receipt | None]]:
+    """`send_all`, except that the success of an effect safe to repeat is not committed here:
+    its `Receipt` comes with its outcome, for the caller to write with the step's verdict
+    (`record_receipts`, inside that commit). Every other outcome is committed here."""
+    return _send_all(calls, defer=True)
+
+
+def _send_all(
+    calls: Sequence[Request | Intent], *, defer: bool
+) -> list[tuple[Outcome, Receipt | None]]:
     owners = {_request(c).holder.owner for c in calls}
     assert len(owners) <= 1, f"one lease owner per send_all, not {owners}"
     new = iter(intend_all([c for c in calls if isinstance(c, Request)]))
@@ -116,9 +145,10 @@ def send_all(calls: Sequence[Request | Intent]) -> list[Outcome]:
     }
     due = [(i.request, i.found) for i in intents if isinstance(i.found, Effect)]
     claimed = _claim_all(due, outcomes)
+    receipts: dict[Request, Receipt] = {}
     if claimed:
-        outcomes.update(_perform_all(claimed))
-    return [outcomes[i.request] for i in intents]
+        outcomes.update(_perform_all(claimed, receipts if defer else None))
+    return [(outcomes[i.request], receipts.get(i.request)) for i in intents]
 
 
 def _request(call: Request | Intent) -> Request:
@@ -203,9 +233,27 @@ Claimed = tuple[Request, Effect]
 
 def _claim_all(due: list[Claimed], refused: dict[Request, Outcome]) -> list[Claimed]:
     """Each intent to `running`, only while its task's lease is still the holder's; one
-    commit. The calls claimed; each call not claimed gets its outcome in `refused`."""
+    commit. The calls claimed; each call not claimed gets its outcome in `refused`. Intents
+    of one state are claimed with one statement; if any one of them had moved meanwhile, that
+    transaction is rolled back whole (no savepoint: a round trip each way, every time, for a
+    rare race) and they are claimed one by one in another."""
     if not due:
         return []
+    if len(due) > 1 and len({effect.state for _, effect in due}) == 1:
+        fenced: dict[Request, Outcome] = {}
+        try:
+            claimed = _claim(due, fenced, together=True)
+        except Conflict:
+            pass  # none of them moved (its transaction is gone): one by one, below
+        else:
+            refused.update(fenced)
+            return claimed
+    return _claim(due, refused, together=False)
+
+
+def _claim(due: list[Claimed], refused: dict[Request, Outcome], *, together: bool) -> list[Claimed]:
+    """`_claim_all` in one transaction: `together`, with one statement (Conflict if any one of
+    them had moved), else one by one (one that moved is refused `NotSent`)."""
     claimed: list[Claimed] = []
     fields = []
     with transaction.atomic(), journal.batched():
@@ -226,7 +274,10 @@ def _claim_all(due: list[Claimed], refused: dict[Request, Outcome]) -> list[Clai
                     "error": "",
                 }
             )
-        if _moved_together(claimed, "claim", fields, [{} for _ in claimed]):
+        if together and len(claimed) > 1:
+            actor = claimed[0][0].holder.actor
+            effects = [effect for _, effect in claimed]
+            move_effects(effects, "claim", actor=actor, fields=fields, where=[{} for _ in effects])
             return claimed
         for (request, effect), sets in zip(list(claimed), fields, strict=True):
             try:
@@ -237,36 +288,29 @@ def _claim_all(due: list[Claimed], refused: dict[Request, Outcome]) -> list[Clai
     return claimed
 
 
-def _moved_together(
-    claimed: list[Claimed], event: str, fields: list[dict[str, Any]], where: list[dict[str, Any]]
-) -> bool:
-    """Move the claimed effects (all in one state) in one statement; False if any one of them
-    had moved meanwhile (then none did, and the caller moves them one by one)."""
-    effects = [effect for _, effect in claimed]
-    if len(effects) < 2 or len({e.state for e in effects}) > 1:
-        return False
-    try:
-        with transaction.atomic():  # a savepoint: undone if any one of them had moved
-            actor = claimed[0][0].holder.actor
-            move_effects(effects, event, actor=actor, fields=fields, where=where)
-    except Conflict:
-        return False
-    return True
-
-
-def _perform_all(claimed: list[Claimed]) -> dict[Request, Outcome]:
+def _perform_all(
+    claimed: list[Claimed], receipts: dict[Request, Receipt] | None = None
+) -> dict[Request, Outcome]:
     """Perform the claimed effects (at once, when there are several), then record every
-    outcome in one commit; an uncertain one is probed before the step has to ask."""
+    outcome in one commit; an uncertain one is probed before the step has to ask. Given
+    `receipts`, each success of an effect safe to repeat goes there instead, unwritten."""
     replies = _perform(claimed)
     outcomes: dict[Request, Outcome] = {}
     doubted = []
+    settled = []
+    for (request, effect), reply in zip(claimed, replies, strict=True):
+        if receipts is not None and effect.safe_to_repeat and not isinstance(reply, Exception):
+            receipts[request] = Receipt(request, effect, reply)
+            outcomes[request] = Done(dict(reply))
+        else:
+            settled.append(((request, effect), reply))
+    if not settled:
+        return outcomes
     with transaction.atomic(), journal.batched():
         # The usual case, every effect done, in one statement; any other outcome one by one.
-        done = [c for c, reply in zip(claimed, replies, strict=True) if _ok(reply)]
-        mine = [{"lease_owner": r.holder.owner, "lease_epoch": r.holder.epoch} for r, _ in done]
-        responses = [{"response": reply} for reply in replies if _ok(reply)]
-        together = _moved_together(done, "succeed", responses, mine)
-        for (request, effect), reply in zip(claimed, replies, strict=True):
+        done = [(c, reply) for c, reply in settled if not isinstance(reply, Exception)]
+        together = _moved_together([c for c, _ in done], [reply for _, reply in done])
+        for (request, effect), reply in settled:
             if together and _ok(reply):
                 outcomes[request] = Done(dict(effect.response or {}))
                 continue
@@ -277,6 +321,37 @@ def _perform_all(claimed: list[Claimed]) -> dict[Request, Outcome]:
         if probe_and_settle(effect, request.tool, actor=request.holder.actor):
             outcomes[request] = Done(dict(effect.response or {}))
     return outcomes
+
+
+def record_receipts(receipts: Sequence[Receipt]) -> None:
+    """Inside the caller's transaction (the commit of the steps' verdicts): the success of
+    each of these effects, as `send_all` would have written it (one statement for them all,
+    unless one had moved meanwhile: then one by one, a late one journaled `late_result`)."""
+    if not receipts:
+        return
+    claimed = [(r.request, r.effect) for r in receipts]
+    with journal.batched():
+        if not _moved_together(claimed, [r.response for r in receipts]):
+            for receipt in receipts:
+                _settle_outcome(receipt.request, receipt.effect, receipt.response)
+
+
+def _moved_together(claimed: list[Claimed], responses: list[dict[str, Any]]) -> bool:
+    """Inside the caller's transaction: the claimed effects (all `running`, each still this
+    holder's claim) `succeeded` with their responses, in one statement; False if any one of
+    them had moved meanwhile (then none did, and the caller settles them one by one)."""
+    effects = [effect for _, effect in claimed]
+    if len(effects) < 2 or len({e.state for e in effects}) > 1:
+        return False
+    mine = [{"lease_owner": r.holder.owner, "lease_epoch": r.holder.epoch} for r, _ in claimed]
+    try:
+        with transaction.atomic():  # a savepoint: undone if any one of them had moved
+            actor = claimed[0][0].holder.actor
+            fields = [{"response": response} for response in responses]
+            move_effects(effects, "succeed", actor=actor, fields=fields, where=mine)
+    except Conflict:
+        return False
+    return True
 
 
 # What a tool's run gave back: its response, or what it raised (classified at once, below).

@@ -9,8 +9,10 @@ them all:
 
     claim + guard + start, for each task      (one commit: every start durable before it runs,
                                                with the intent of each side-effect call known)
-    → judge each step                         (the effects' claims commit, then their outcomes)
-    → each verdict fenced on its lease epoch, and each next start   (one commit)
+    → judge each step                         (the effects' claims commit, then the outcomes
+                                               of those not safe to repeat)
+    → each verdict fenced on its lease epoch, with the successes of the effects safe to
+      repeat, and each next start             (one commit)
 
 Read-only steps share a batch freely and run first, in turn. Up to `LOOP_BATCH_EFFECTS`
 side-effect steps join a batch; they run last and together, their calls sharing the outbox's
@@ -443,8 +445,9 @@ def commit(
     room: Room = Room(),
     keeps_lease: bool = False,
 ) -> list[Begun]:
-    """These verdicts, each fenced on its holder's epoch, in one transaction; a late one is
-    journaled `late_result` and changes nothing. With `chain`, each `done` whose task runs on
+    """These verdicts, each fenced on its holder's epoch, in one transaction, with the
+    receipts they carry (written whatever the fence says: those effects happened); a late
+    verdict is journaled `late_result` and changes nothing. With `chain`, each `done` whose task runs on
     starts that task's next step in the same commit, under the same lease (what the next tick
     would do, minus a claim and a commit), within `room` and LOOP_CHAIN_SECONDS of the task's
     claim; those are returned, their planned calls' intents written. Every other task's lease
@@ -455,6 +458,7 @@ def commit(
         with transaction.atomic(), journal.batched():
             owner = verdicts[0][0].holder.owner
             fences = lease.fenced_all(owner, [(s.task_id, s.epoch) for s, _ in verdicts])
+            effects.record_receipts([r for _, verdict in verdicts for r in verdict.receipts])
             going_on = _verdicts(verdicts, fences, chain=chain, keeps_lease=keeps_lease)
             steps = open_steps.first_open([task.pk for task, _ in going_on])
             begun = _begin_held(
@@ -471,6 +475,7 @@ def commit_one(started: Started, verdict: Verdict, *, keeps_lease: bool = False)
     late (journaled `late_result`)."""
     with writing(named([started])), transaction.atomic():
         fence = lease.fenced_all(started.holder.owner, [(started.task_id, started.epoch)])
+        effects.record_receipts(verdict.receipts)
         _verdicts([(started, verdict)], fence, chain=False, keeps_lease=keeps_lease)
     return not isinstance(fence[started.task_id], lease.LeaseLost)
 

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from . import effects, journal, lease, llm, prune, schedules, step_life
@@ -38,6 +38,24 @@ log = logging.getLogger("loop.worker")
 
 class TickFailed(DatabaseError):
     """A write of the tick failed; the message says where (task and step) and why."""
+
+
+def drop_broken_connections() -> None:
+    """Between ticks: close this thread's database connections that failed and no longer
+    answer (a restarted server), or that were left inside a transaction, so the next tick
+    connects afresh; a healthy one is kept. Django's `close_old_connections` would also close
+    every connection older than CONN_MAX_AGE, which for PostgreSQL is 0 (a web request's): a
+    new server process, forked and authenticated, for every tick and every idle poll."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+            conn.close()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
 
 
 class Worker:
@@ -115,7 +133,7 @@ class Worker:
         failed = ""
         try:
             while not self.stopping:
-                close_old_connections()
+                drop_broken_connections()
                 if self._declared_dead:
                     self._reborn()
                 try:

@@ -76,8 +76,9 @@ def test_side_effect_steps_run_last_and_together_sharing_the_outbox_commits(
         make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"effect {n}")
     commits.clear()
     assert worker.tick() is True
-    # Claims, starts and the four intents; their four claims; their outcomes; the verdicts.
-    assert len(commits) == 4
+    # Claims, starts and the four intents; their four claims; the verdicts, with the four
+    # outcomes (each call safe to repeat: its success is written with its step's verdict).
+    assert len(commits) == 3
     assert Event.objects.filter(kind="effect_state", data__new="pending").count() == 4
     effect_keys = [f"e{n}" for n in range(4)]
     for effectful in Step.objects.filter(side_effect=True):
@@ -187,7 +188,14 @@ def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
     Task.objects.filter(pk=tasks[1].pk).update(lease_epoch=F("lease_epoch") + 1)
     verdicts, waiting = worker.perform(batch)
     assert sorted(s.step.key for s, _ in verdicts) == ["e0", "e2"] and waiting == []
-    # The two still held were claimed together and performed; the moved one stays an intent.
+    # The two still held were claimed together and performed (safe to repeat: their
+    # successes are written with their verdicts); the moved one stays an intent.
+    assert dict(Effect.objects.values_list("step__key", "state")) == {
+        "e0": "running",
+        "e1": "pending",
+        "e2": "running",
+    }
+    worker.commit_batch(verdicts, waiting)
     assert dict(Effect.objects.values_list("step__key", "state")) == {
         "e0": "succeeded",
         "e1": "pending",
@@ -195,6 +203,23 @@ def test_effects_whose_lease_moved_on_are_not_claimed_and_the_others_go_out(
     }
     for done in verdicts:
         assert done[1].output["effects_running"] == 2
+
+
+def test_a_receipt_carried_by_a_verdict_is_written_even_when_the_verdict_comes_too_late(
+    worker: Worker,
+) -> None:
+    tasks = [make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}") for n in range(2)]
+    with transaction.atomic():
+        begun = worker.claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    verdicts, _ = worker.perform(batch)
+    assert all(len(v.receipts) == 1 for _, v in verdicts)  # performed, success not yet written
+    Task.objects.filter(pk=tasks[1].pk).update(lease_epoch=F("lease_epoch") + 1)  # another took it
+    worker.commit_batch(verdicts, [])
+    # Both effects happened, and both say so; only the moved task's verdict was refused.
+    assert set(Effect.objects.values_list("state", "sends")) == {("succeeded", 1)}
+    assert dict(Step.objects.values_list("key", "state")) == {"e0": "done", "e1": "running"}
+    assert Event.objects.get(kind="late_result").step.key == "e1"
 
 
 def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
@@ -209,7 +234,9 @@ def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
     Effect.objects.filter(step__key="e1").update(state="cancelled")  # by a person, meanwhile
     verdicts, _ = worker.perform(batch)
     # The claim of all three lost on e1 and was undone; e0 and e2 were then claimed one by
-    # one (each once) and performed; e1 was neither claimed nor performed.
+    # one (each once) and performed; e1 was neither claimed nor performed. Their successes
+    # are written with the verdicts.
+    worker.commit_batch(verdicts, [])
     assert dict(Effect.objects.values_list("step__key", "state")) == {
         "e0": "succeeded",
         "e1": "cancelled",

@@ -69,7 +69,7 @@ def test_a_tick_that_breaks_does_not_kill_the_worker(worker: Worker, monkeypatch
     monkeypatch.setattr(worker, "boot", lambda: {})
     monkeypatch.setattr(worker, "_install_signals", lambda: None)
     monkeypatch.setattr(worker, "tick", broken)
-    monkeypatch.setattr("loop.worker.close_old_connections", lambda: None)  # the test's own
+    monkeypatch.setattr("loop.worker.drop_broken_connections", lambda: None)  # the test's own
     worker.run()  # returns once the second tick asks it to stop
     assert len(calls) == 2
     worker.beat()

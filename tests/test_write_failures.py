@@ -91,16 +91,30 @@ def run_out(runner: Worker, person: Person) -> None:
     raise AssertionError("the run did not settle")
 
 
-@pytest.mark.parametrize("hook", ["/hook/probe", "/hook/other"], ids=["probed", "asked"])
+@pytest.mark.parametrize(
+    ("hook", "dedupe"),
+    [("/hook/probe", False), ("/hook/other", False), ("/hook/other", True)],
+    ids=["probed", "asked", "deduplicated"],
+)
 def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends_nothing_twice(
-    transactional_db: None, settings: Any, caplog: pytest.LogCaptureFixture, hook: str
+    transactional_db: None,
+    settings: Any,
+    caplog: pytest.LogCaptureFixture,
+    hook: str,
+    dedupe: bool,
 ) -> None:
     """`probed`: the receiver can say whether it got a POST; `asked`: it can't, so a person
-    is asked "Did this happen?" and answers from what the receiver recorded."""
+    is asked "Did this happen?" and answers from what the receiver recorded; `deduplicated`:
+    it answers a repeated key from its first answer (listed in LOOP_IDEMPOTENT_RECEIVERS), so
+    the call is safe to repeat and its success is written with the step's verdict."""
     settings.LOOP_MIN_FREE_MB = 0
     db_path = process_env()["DATABASE_URL"]
-    with HttpSink(db_path=db_path) as web, time_machine.travel(timezone.now(), tick=True) as clock:
+    with (
+        HttpSink(db_path=db_path, dedupe=dedupe) as web,
+        time_machine.travel(timezone.now(), tick=True) as clock,
+    ):
         settings.LOOP_HTTP_PROBE_URL = web.url("/probe/{key}")
+        settings.LOOP_IDEMPOTENT_RECEIVERS = [web.url(hook)] if dedupe else []
         person = Person(web=web)
         runner = Worker(label="faulty")
         runner.boot()
@@ -138,6 +152,8 @@ def test_a_write_failing_at_any_point_of_a_side_effect_tick_is_visible_and_sends
 
     print(f"\nfailed each of {clean.count} writes in turn: {failures}")
     print(f"questions {dict(person.asked)}, answers {dict(person.answers)}")
+    if dedupe:  # a cut call that is safe to repeat is sent again, never asked about
+        assert not person.asked
     counts = web.record.counts()
     assert sorted(counts) == sorted(Effect.objects.values_list("pk", flat=True))
     assert set(counts.values()) == {1}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..outcomes import Busy, Done, Fenced, NotSent, Outcome, Rejected, Uncertain
 
 if TYPE_CHECKING:
-    from ..effects import Holder, Intent, Request
+    from ..effects import Holder, Intent, Receipt, Request
     from ..models import Step
 
 
@@ -22,6 +22,8 @@ class Verdict:
     delay: float | None = None  # retry: seconds to wait (None: the backoff decides)
     refund: bool = False  # retry: the attempt is given back (the step was not at fault)
     ask: tuple[str, str] | None = None  # blocked: the question (kind, text) to ask Dad
+    # done: the successes of the step's effects, written in the commit of this verdict
+    receipts: tuple[Receipt, ...] = ()
 
     @classmethod
     def done(cls, output: Any) -> Verdict:
@@ -60,8 +62,9 @@ class Judge(Protocol):
 
     def perform(self, turn: Sequence[Work]) -> list[Verdict | Fenced]:
         """Each step's verdict, in order; `Fenced` for a step whose lease moved on (its new
-        holder finishes it). Inside no transaction: each write commits on its own. A failed
-        write raises (DatabaseError)."""
+        holder finishes it). Inside no transaction: each write commits on its own, except the
+        `receipts` a verdict carries, which the caller writes in the commit of that verdict.
+        A failed write raises (DatabaseError)."""
 
 
 def verdict_of(outcome: Outcome, where: str) -> Verdict | Fenced:

@@ -2,13 +2,15 @@
 args' `${key.path}` references filled from earlier steps' outputs.
 
 It judges a worker's turn of steps at once: read-only tools run in turn, and the side-effect
-calls go through the outbox together (`effects.send_all`), sharing its commits.
+calls go through the outbox together (`effects.deferring`), sharing its commits; the success
+of a call safe to repeat is written with its step's verdict (the verdict's `receipts`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -16,7 +18,7 @@ from django.db import DatabaseError
 
 from .. import effects, plans, tools
 from ..models import Step
-from ..outcomes import EffectNotSent, EffectRejected, Fenced
+from ..outcomes import EffectNotSent, EffectRejected, Fenced, Outcome
 from .base import Verdict, Work, verdict_of
 
 log = logging.getLogger("loop.judge")
@@ -51,14 +53,24 @@ class ToolJudge:
             with tools.calling(tools.Call.of(work.step, work.holder.owner, work.holder.epoch)):
                 prepared.append(_judged(work.step, partial(_prepare, work.step, work.holder)))
         sends = [p for p in prepared if not isinstance(p, Verdict)]
-        outcomes = iter(effects.send_all(sends))
+        outcomes = iter(effects.deferring(sends))
         return [
-            p if isinstance(p, Verdict) else verdict_of(next(outcomes), _where(work.step))
+            p if isinstance(p, Verdict) else _verdict(*next(outcomes), work.step)
             for p, work in zip(prepared, turn, strict=True)
         ]
 
 
 JUDGE = ToolJudge()
+
+
+def _verdict(outcome: Outcome, receipt: effects.Receipt | None, step: Step) -> Verdict | Fenced:
+    """The step's verdict by its call's outcome, carrying the call's receipt if it is not
+    yet written (a success is always a `done` verdict)."""
+    verdict = verdict_of(outcome, _where(step))
+    if receipt is None:
+        return verdict
+    assert isinstance(verdict, Verdict) and verdict.kind == "done", verdict
+    return replace(verdict, receipts=(receipt,))
 
 
 def _where(step: Step) -> str:
