@@ -172,8 +172,8 @@ def _create(
 
 
 def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: str) -> list[Step]:
-    """The steps with one prepared INSERT run for every row, their ids read back with one
-    statement by (task, position) (index step_position_unique): a 10,000-step plan is two
+    """The steps in multi-row INSERTs of `sql.ROWS_AT_ONCE` rows, their ids read back with
+    one statement by (task, position) (index step_position_unique): a 10,000-step plan is 21
     statements, not 10,000."""
     created = [
         Step(
