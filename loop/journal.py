@@ -4,7 +4,9 @@
 so a change and its event commit together or not at all. Inside `batched()` (the worker's
 batch commits) the events wait and are written together, in order, by one statement at the
 end of the block, still inside its transaction. After the commit, in-process listeners (the
-live tailer) are woken; other processes find the event by polling its id.
+live tailer) are woken. Other processes: on PostgreSQL each commit that journaled something
+notifies `NOTIFY_CHANNEL` (a trigger on the table, migration 0011), which the live tailers
+LISTEN on; on SQLite they poll the file for new ids.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from . import sql
 from .models import Effect, Event, EventKind, Step, Task
 
 log = logging.getLogger("loop.journal")
+
+NOTIFY_CHANNEL = "loop_journal"  # PostgreSQL: notified by every commit that journaled
 _listeners: list[Callable[[], None]] = []
 _COLUMNS = ("kind", "task", "step", "effect", "actor", "data", "created_at")
 _held = threading.local()  # the rows of the current `batched()` block, per thread

@@ -301,6 +301,9 @@ if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
 LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64)
 # How often each server process's live tailer looks for new journal events.
 LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25)
+# On PostgreSQL the tailer waits for the journal's NOTIFY; it still looks this often, in case
+# its listening connection was lost and a notice with it.
+LOOP_LIVE_PG_POLL_MS = env_int("LOOP_LIVE_PG_POLL_MS", 2000)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).

@@ -2,7 +2,9 @@
 
 Each server process runs one `Tailer`, an asyncio task started by the first consumer that
 connects. It reads the events after the last id it broadcast (a short poll: the worker is
-another process; commits in this process also wake it through `journal.on_event`), renders
+another process; commits in this process also wake it through `journal.on_event`; on
+PostgreSQL the journal's NOTIFY wakes it instead, `Listener`, and it polls only in case a
+notice was lost), renders
 the partials those events touch, and sends them to this process's groups on the channel
 layer, one group per topic and permission ("home.act", "task-7.read"). Group names carry a
 process token, so with Redis every process's tailer serves only its own consumers and nothing
@@ -25,8 +27,9 @@ import asyncio
 import logging
 import os
 import secrets
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -221,6 +224,7 @@ class Tailer:
         self.task: asyncio.Task[None] | None = None
         self.banner = ""
         self.banner_at = 0.0
+        self.listener: Listener | None = None
 
     async def add(self, topic: Topic) -> None:
         """Follow `topic`. The first call starts the tailer at the newest event id, before
@@ -228,6 +232,8 @@ class Tailer:
         self.topics[topic] = self.topics.get(topic, 0) + 1
         if self.task is None or self.task.done():
             self.seen = await self.loop.run_in_executor(self.executor, self._start_at)
+            if connection.vendor == "postgresql" and self.listener is None:
+                self.listener = Listener(self.poke)
             self.task = self.loop.create_task(self.run())
 
     def remove(self, topic: Topic) -> None:
@@ -239,6 +245,9 @@ class Tailer:
 
     async def stop(self) -> None:
         """Cancel the polling task (tests; a server simply exits)."""
+        if self.listener is not None:
+            await self.loop.run_in_executor(None, self.listener.stop)
+            self.listener = None
         if self.task is not None:
             self.task.cancel()
             try:
@@ -260,11 +269,17 @@ class Tailer:
 
         layer = get_channel_layer()
         assert layer is not None
+        # On PostgreSQL the journal's NOTIFY wakes it (`Listener`), and a slow look is only in
+        # case a notice was lost; on SQLite it looks every POLL_SECONDS. Never more often
+        # than that either way: a busy worker's notices are taken together.
+        waits = settings.LOOP_LIVE_PG_POLL_MS / 1000 if self.listener else POLL_SECONDS
         while True:
             try:
-                await asyncio.wait_for(self.wake.wait(), POLL_SECONDS)
+                await asyncio.wait_for(self.wake.wait(), waits)
             except TimeoutError:
                 pass
+            if self.listener:
+                await asyncio.sleep(POLL_SECONDS)
             self.wake.clear()
             topics = list(self.topics)
             try:
@@ -308,6 +323,47 @@ class Tailer:
             return []
         self.banner = swap["html"]
         return [(t.group, {"events": [], "swaps": [swap], "rows": []}) for t in homes]
+
+
+class Listener:
+    """PostgreSQL: a thread with a connection of its own that LISTENs on the journal's channel
+    (`journal.NOTIFY_CHANNEL`, notified by every commit that journaled) and wakes the tailer
+    at each notice, so the tailer need not poll. A lost connection is made again (the tailer
+    is woken then too: what committed meanwhile is read at once)."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="live-listen", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+    def run(self) -> None:
+        import psycopg
+
+        db = connection.settings_dict
+        params = {
+            "dbname": db["NAME"],
+            "user": db["USER"],
+            "password": db["PASSWORD"],
+            "host": db["HOST"],
+            "port": db["PORT"],
+        }
+        params = {k: str(v) for k, v in params.items() if v}
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as listening:
+                    listening.execute(f"LISTEN {journal.NOTIFY_CHANNEL}")
+                    self.wake()
+                    while not self.stopping.is_set():
+                        for _ in listening.notifies(timeout=1.0):
+                            self.wake()
+            except Exception:
+                log.exception("live listener: lost its connection; listening again in 1 s")
+                self.stopping.wait(1.0)
 
 
 _tailer: Tailer | None = None
