@@ -27,7 +27,15 @@ def write_problem() -> str:
     except _Rollback:
         return ""
     except DatabaseError as exc:
-        return f"writes failing: {exc}"
+        return f"writes failing: {exc}{DATABASE_DISK if connection.vendor != 'sqlite' else ''}"
+
+
+# On a database server the loop cannot see the server's disk (PostgreSQL reports no free
+# space to a client): watching it is the operator's job, and a failed write says so.
+DATABASE_DISK = (
+    " (the database server's own disk is the operator's to watch: the loop cannot measure it; "
+    "LOOP_MIN_FREE_MB guards only this host's data folder)"
+)
 
 
 def problems() -> list[str]:
@@ -48,7 +56,8 @@ def problems() -> list[str]:
 
 def low_disk_reason() -> str:
     """Why new work should wait for room, or ''. On SQLite the database's own folder; on a
-    database server (whose disk a worker cannot see) the worker's local data folder."""
+    database server (whose disk a worker cannot see: `DATABASE_DISK`) the worker's local
+    data folder."""
     if connection.vendor == "sqlite":
         folder = Path(str(settings.DATABASES["default"]["NAME"])).parent
     else:

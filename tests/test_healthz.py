@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import DatabaseError, connection
 from django.test import Client
 
-from loop.models import Step, WorkerState
+from loop import health
+from loop.models import HealthCheck, Step, WorkerState
 from loop.models import Worker as WorkerRow
 from loop.worker import Worker
 
@@ -62,3 +64,21 @@ def test_a_worker_parks_on_low_disk_and_healthz_says_why_until_room_returns(
 
 def test_healthz_answers_only_get(db: None) -> None:
     assert Client().post("/healthz").status_code == 405
+
+
+def test_a_failed_write_says_whose_disk_to_watch(db: None, settings: Any, monkeypatch: Any) -> None:
+    """On PostgreSQL the loop cannot see the server's disk: the reason says it is the
+    operator's to watch; on SQLite it measures the file's own folder, and says nothing more."""
+    settings.LOOP_MIN_FREE_MB = 0
+    Worker(label="alive").boot()
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseError("could not extend file: No space left on device")
+
+    monkeypatch.setattr(HealthCheck.objects, "create", full)
+    [reason] = problems(Client(), 503)
+    assert reason.startswith("writes failing: could not extend file: No space left on device")
+    if connection.vendor == "sqlite":
+        assert reason.endswith("device")
+    else:
+        assert reason.endswith(health.DATABASE_DISK) and "operator's to watch" in reason
