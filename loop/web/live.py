@@ -344,15 +344,11 @@ class Listener:
     def run(self) -> None:
         import psycopg
 
-        db = connection.settings_dict
-        params = {
-            "dbname": db["NAME"],
-            "user": db["USER"],
-            "password": db["PASSWORD"],
-            "host": db["HOST"],
-            "port": db["PORT"],
-        }
-        params = {k: str(v) for k, v in params.items() if v}
+        # Django's own connection parameters (its OPTIONS too: sslmode, …), without the
+        # adapters and cursors it sets up for its connections: this one only listens.
+        params = connection.get_connection_params()
+        for own in ("context", "cursor_factory", "prepare_threshold"):
+            params.pop(own, None)
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as listening:
