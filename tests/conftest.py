@@ -24,6 +24,7 @@ from loop.permissions import SYSTEM
 from loop.step_life import Started
 from loop.worker import Worker
 
+from .support.llm_server import ModelServer
 from .support.loopapp import tools as _test_tools  # noqa: F401  registers test.record, test.flaky here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,3 +203,37 @@ def _fresh_throttles() -> None:
         client.close()
     else:
         caches["throttle"].clear()
+
+
+# ---- the model judge: a scripted OpenAI-compatible server ---------------------------------
+
+
+@pytest.fixture
+def llm(settings: Any) -> Iterator[Any]:
+    """Point the loop at a scripted server (tests/support/llm_server.py): `llm(script)`
+    starts it; until then the loop points at a port nobody answers."""
+    servers: list[ModelServer] = []
+
+    def start(script: Any) -> ModelServer:
+        server = ModelServer(script).__enter__()
+        servers.append(server)
+        settings.LOOP_LLM_BASE_URL = server.base_url
+        return server
+
+    settings.LOOP_LLM_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.LOOP_LLM_RETRY_SECONDS = 3
+    settings.LOOP_RETRY_BASE_SECONDS = 0
+    yield start
+    for server in servers:
+        server.__exit__()
+
+
+def model_env(model: ModelServer, **extra: str) -> dict[str, str]:
+    """A child `runloop`'s environment, pointed at the scripted server `model`."""
+    return process_env(
+        LOOP_LLM_BASE_URL=model.base_url,
+        LOOP_LLM_RETRY_SECONDS="5",
+        LOOP_IDLE_SLEEP_MS="20",
+        LOOP_RETRY_BASE_SECONDS="0",
+        **extra,
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +40,6 @@ from .support.llm_server import (
 from .support.sinks import Receiver
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def llm(settings: Any) -> Iterator[Any]:
-    """Point the loop at a scripted server: `llm(script)` starts it."""
-    servers: list[ModelServer] = []
-
-    def start(script: Any) -> ModelServer:
-        server = ModelServer(script).__enter__()
-        servers.append(server)
-        settings.LOOP_LLM_BASE_URL = server.base_url
-        return server
-
-    settings.LOOP_LLM_BASE_URL = "http://127.0.0.1:9/v1"
-    settings.LOOP_LLM_RETRY_SECONDS = 3
-    settings.LOOP_RETRY_BASE_SECONDS = 0
-    yield start
-    for server in servers:
-        server.__exit__()
 
 
 def model_step(key: str, instructions: str, **fields: Any) -> dict[str, Any]:

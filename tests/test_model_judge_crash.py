@@ -16,7 +16,7 @@ from loop.models import Effect, EffectState, QuestionKind, Step, StepState, Task
 from loop.models import Worker as WorkerRow
 from loop.permissions import SYSTEM
 
-from .conftest import kill, make_task, process_env, start_runloop, task_json, wait_for
+from .conftest import kill, make_task, model_env, start_runloop, task_json, wait_for
 from .support.llm_server import ModelServer, calls, commit, tool_results
 from .support.sinks import Mailbox, Receiver, smtp_server
 
@@ -28,16 +28,6 @@ def mailbox() -> Iterator[tuple[Mailbox, str, int]]:
     box = Mailbox()
     for host, port in smtp_server(box):
         yield box, host, port
-
-
-def env_for(model: ModelServer, **extra: str) -> dict[str, str]:
-    return process_env(
-        LOOP_LLM_BASE_URL=model.base_url,
-        LOOP_LLM_RETRY_SECONDS="5",
-        LOOP_IDLE_SLEEP_MS="20",
-        LOOP_RETRY_BASE_SECONDS="0",
-        **extra,
-    )
 
 
 def started_by(proc: subprocess.Popen[bytes]) -> None:
@@ -74,7 +64,7 @@ def test_sigkill_after_the_models_email_call_is_committed_sends_it_once_after_re
                 "side_effect": True,
             }
         )
-        env = env_for(model, EMAIL_HOST=host, EMAIL_PORT=str(port))
+        env = model_env(model, EMAIL_HOST=host, EMAIL_PORT=str(port))
         first = start_runloop(env=env, log=tmp_path / "first.log")
         processes.append(first)
         wait_for(lambda: runs.exists() and "begin" in runs.read_text(), timeout=60)
@@ -127,7 +117,7 @@ def test_sigkill_while_the_models_post_is_in_flight_asks_dad_then_tells_the_mode
                     "side_effect": True,
                 }
             )
-            env = env_for(model)
+            env = model_env(model)
             first = start_runloop(env=env, log=tmp_path / "first.log")
             processes.append(first)
             wait_for(lambda: len(receiver.posts) == 1, timeout=60)

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from .conftest import (
     kill,
     make_task,
     manage,
+    model_env,
     process_env,
     run_until_idle,
     start_runloop,
@@ -92,16 +92,6 @@ def planner(url: str) -> Any:
     return script
 
 
-def env_for(model: ModelServer, **extra: str) -> dict[str, str]:
-    return process_env(
-        LOOP_LLM_BASE_URL=model.base_url,
-        LOOP_LLM_RETRY_SECONDS="5",
-        LOOP_IDLE_SLEEP_MS="20",
-        LOOP_RETRY_BASE_SECONDS="0",
-        **extra,
-    )
-
-
 def journal(task: Task, kind: EventKind) -> list[Event]:
     return list(Event.objects.filter(task=task, kind=kind).order_by("id"))
 
@@ -111,24 +101,6 @@ def moves(task: Task) -> list[tuple[str, str, str]]:
         (e.data["old"], e.data["new"], e.data.get("reason", ""))
         for e in journal(task, EventKind.TASK_STATE)
     ]
-
-
-@pytest.fixture
-def llm(settings: Any) -> Iterator[Any]:
-    servers: list[ModelServer] = []
-
-    def start(script: Any) -> ModelServer:
-        server = ModelServer(script).__enter__()
-        servers.append(server)
-        settings.LOOP_LLM_BASE_URL = server.base_url
-        return server
-
-    settings.LOOP_LLM_BASE_URL = "http://127.0.0.1:9/v1"
-    settings.LOOP_LLM_RETRY_SECONDS = 3
-    settings.LOOP_RETRY_BASE_SECONDS = 0
-    yield start
-    for server in servers:
-        server.__exit__()
 
 
 # ---- through real runloop processes --------------------------------------------------------
@@ -150,7 +122,7 @@ def test_a_goal_planned_by_the_model_then_run_to_done(
             False,
             [],
         )
-        proc = start_runloop(env=env_for(model), log=tmp_path / "runloop.log")
+        proc = start_runloop(env=model_env(model), log=tmp_path / "runloop.log")
         processes.append(proc)
         wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.DONE, timeout=90)
         kill(proc)
@@ -194,7 +166,7 @@ def test_with_confirm_plans_nothing_runs_before_dad_approves(
     with Receiver() as receiver, ModelServer(planner(receiver.url("/weather"))) as model:
         settings.LOOP_LLM_BASE_URL = model.base_url
         task = actions.create_task_from_goal(goal=GOAL, actor="dad", user=SYSTEM)
-        env = env_for(model, LOOP_CONFIRM_PLANS="true")
+        env = model_env(model, LOOP_CONFIRM_PLANS="true")
         proc = start_runloop(env=env, log=tmp_path / "runloop.log")
         processes.append(proc)
         wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.PAUSED, timeout=90)
@@ -233,7 +205,7 @@ def test_with_confirm_plans_nothing_runs_before_dad_approves(
 @pytest.mark.django_db(transaction=True)
 def test_manage_plan_goal_prints_the_id_of_a_task_pippa_plans(settings: Any) -> None:
     with ModelServer(lambda body, n: commit()) as model:
-        out = manage("plan", "--goal", "Water the plants.", env=env_for(model))
+        out = manage("plan", "--goal", "Water the plants.", env=model_env(model))
     task = Task.objects.get(pk=int(out.strip()))
     assert (task.state, task.instructions, task.title) == (
         TaskState.PLANNING,

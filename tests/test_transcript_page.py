@@ -29,7 +29,6 @@ from .conftest import make_task, run_until_idle
 from .support.llm_server import call, calls, commit, tool_results
 from .test_dashboard_pages import logged_in
 from .test_live_consumer import connect_as, own_channel_layer  # noqa: F401  (fixture)
-from .test_model_judge import llm  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
