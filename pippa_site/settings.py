@@ -275,6 +275,10 @@ if not 1 <= LOOP_BATCH <= 256:
 LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8)
 if not 1 <= LOOP_BATCH_EFFECTS <= 256:
     raise ImproperlyConfigured("LOOP_BATCH_EFFECTS must be between 1 and 256")
+# On PostgreSQL the loop's hot statements are prepared once per connection (loop/sql.py).
+# Turn this off behind a pooler that shares server connections between clients per
+# transaction and keeps no prepared statements (PgBouncer before 1.21 in transaction mode).
+LOOP_PG_PREPARE = env_bool("LOOP_PG_PREPARE", True)
 LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
 # A worker on another host is dead once its heartbeat is this old: about two missed beats (one
 # on this host is dead as soon as its pid is gone). Live workers look for the dead every

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.db import transaction
 from django.forms.models import model_to_dict
+from django.test import override_settings
 from django.utils import timezone
 
 from loop import lease, open_steps, sql
 from loop.models import Effect, Step, StepState, Task, TaskState
+from loop.worker import Worker
 
 from .conftest import make_task, step
 
@@ -116,3 +119,78 @@ def test_first_open_is_the_first_of_step_objects_open(db: None) -> None:
         tasks[1].pk: "s1",
         tasks[3].pk: "s0",
     }
+
+
+AWKWARD = ['say "hi"', "back\\slash", "{braces, and commas}", "NULL", "", "ünïcødé ✓", "a\nb"]
+
+
+def test_many_rows_in_one_statement_keep_every_value_as_it_was(db: None) -> None:
+    """A batch's rows go in one statement (on PostgreSQL as one array per column): text that
+    looks like array syntax, quotes, backslashes, NULL-looking words and JSON come back
+    unchanged, and a real None stays None."""
+    task = make_task(*(step(f"s{n}") for n in range(len(AWKWARD))))
+    steps = list(task.steps.order_by("position"))
+    with transaction.atomic():
+        changed = sql.update_many(
+            Step,
+            [
+                {"error": text, "output": {"text": text, "list": [text, None]}, "retry_at": None}
+                for text in AWKWARD
+            ],
+            [{"id": s.pk, "state": "pending"} for s in steps],
+        )
+        sql.create_many(
+            Effect,
+            [
+                {"id": f"{n:064d}", "task": task, "step": s, "tool": "http.post"}
+                | {"target": text, "summary": text, "request": {"t": text}}
+                for n, (s, text) in enumerate(zip(steps, AWKWARD, strict=True))
+            ],
+        )
+    assert changed == len(AWKWARD)
+    for s, text in zip(steps, AWKWARD, strict=True):
+        s.refresh_from_db()
+        assert (s.error, s.output, s.retry_at) == (text, {"text": text, "list": [text, None]}, None)
+    assert [(e.target, e.request) for e in Effect.objects.order_by("id")] == [
+        (text, {"t": text}) for text in AWKWARD
+    ]
+
+
+def test_on_postgresql_the_hot_statements_are_prepared_once_per_connection(
+    worker: Worker,
+) -> None:
+    """On PostgreSQL a tick's statements are prepared on the worker's connection the first
+    time and reused after: more tasks, claimed together, add no prepared statement (a list of
+    ids is one array parameter, whatever its length). With LOOP_PG_PREPARE off nothing is
+    prepared."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+
+    def prepared() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return {row[0] for row in cursor.fetchall()}
+
+    for n in range(2):
+        make_task(*(step(f"s{k}") for k in range(3)), title=f"first {n}")
+    while worker.tick():
+        pass
+    first = prepared()
+    assert any("loop_event" in s for s in first) and any("loop_step" in s for s in first)
+    for n in range(3):
+        make_task(*(step(f"s{k}") for k in range(3)), title=f"more {n}")
+    while worker.tick():
+        pass
+    assert prepared() == first
+    assert Task.objects.filter(state=TaskState.DONE).count() == 5
+
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    with override_settings(LOOP_PG_PREPARE=False):
+        make_task(step("a"), title="unprepared")
+        while worker.tick():
+            pass
+    assert prepared() == set()
+    assert Task.objects.filter(state=TaskState.DONE).count() == 6
