@@ -44,9 +44,17 @@ def post(flow: int, n: int) -> int:
         return int(answer.status)
 
 
+@DBOS.step()
+def begin(flow: int, n: int) -> int:
+    """Nothing but its checkpoint: the next step's start, durable before that step runs."""
+    return n
+
+
 @DBOS.workflow()
-def steps(flow: int, count: int, kind: str) -> int:
+def steps(flow: int, count: int, kind: str, durable_start: bool) -> int:
     for n in range(count):
+        if durable_start:
+            begin(flow, n)
         post(flow, n) if kind == "post" else noop(n)
     return count
 
@@ -66,7 +74,12 @@ def main() -> None:
     flows = range(options["first"], options["last"])
     start, cpu = time.time(), time.process_time()
     with ThreadPoolExecutor(options["concurrency"]) as pool:
-        done = sum(pool.map(lambda f: steps(f, options["steps"], options["kind"]), flows))
+        done = sum(
+            pool.map(
+                lambda f: steps(f, options["steps"], options["kind"], options["durable_start"]),
+                flows,
+            )
+        )
     end, cpu = time.time(), time.process_time() - cpu
     print(json.dumps({"start": start, "end": end, "steps": done, "cpu": cpu}), flush=True)
     DBOS.destroy()
