@@ -44,9 +44,12 @@ class Target:
         return f"{self.scheme}://{self.authority}{self.path}"
 
 
+@lru_cache(maxsize=1024)
 def target(url: str) -> Target:
     """ValueError, naming the url, unless it is an http(s) URL with a host. A character
-    beyond ASCII in the path or query goes out percent-encoded (UTF-8), as a browser sends it."""
+    beyond ASCII in the path or query goes out percent-encoded (UTF-8), as a browser sends it.
+    Remembered: a side-effect step asks it of its URL several times (is it safe to repeat,
+    its intent's target, the send, its judging)."""
     if _CONTROL.search(url):  # urlsplit would drop a tab or line break without a word
         raise ValueError(f"'url' has a control character: {url!r}")
     try:
