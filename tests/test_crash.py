@@ -1,5 +1,10 @@
 """A real `runloop` killed with SIGKILL at random moments, again and again, over multi-step
-plans whose tool records every execution. A cut costs each task at most its step in flight."""
+plans whose tool records every execution. A cut costs each task at most its step in flight.
+
+Most workers are forked from a pre-loaded Django (tests/support/forkserver.py), as in
+test_chaos.py: each is still its own process running the `runloop` command, but the kills do not
+wait on Django's imports. Every REAL_EVERY-th, and the survivor, is a plain `manage.py runloop`
+subprocess, start-up and all."""
 
 from __future__ import annotations
 
@@ -16,12 +21,14 @@ from django.conf import settings
 
 from loop.models import Event, Step, Task, TaskState, Worker
 
-from .conftest import kill, make_task, start_runloop, step, wait_for
+from .conftest import kill, make_task, process_env, start_runloop, step, wait_for
+from .support.forkserver import ForkServer
 from .support.loopapp.tools import read_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 KILLS = 50
+REAL_EVERY = 10  # every 10th worker killed is a plain `manage.py runloop`
 TASKS_PER_BATCH = 6
 STEPS_PER_TASK = 5
 MAX_ATTEMPTS = 100  # high enough that 50 kills can't exhaust a step: every task must finish
@@ -43,18 +50,28 @@ def add_batch(log: Path, batch: int) -> None:
         )
 
 
-def start_and_kill(rng: random.Random, out: Path, seen_worker: int) -> int:
-    """Start a worker and SIGKILL it: usually a little while after it booted (mid-step), now
-    and then at a random moment of its start-up. Returns the newest worker row id."""
-    proc = start_runloop(log=out)
+def start_and_kill(
+    rng: random.Random, out: Path, seen_worker: int, forks: ForkServer | None
+) -> int:
+    """Start a worker (forked, or with `forks` None the plain command) and SIGKILL it: usually
+    a little while after it booted (mid-step), now and then at a random moment of its start-up.
+    Returns the newest worker row id."""
+    if forks is None:
+        proc = start_runloop(log=out)
+        pid = proc.pid
+    else:
+        pid = forks.spawn(out)
     try:
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0, 1.0))
         else:
-            wait_for(lambda: Worker.objects.filter(pk__gt=seen_worker, pid=proc.pid).exists())
+            wait_for(lambda: Worker.objects.filter(pk__gt=seen_worker, pid=pid).exists())
             time.sleep(rng.uniform(0, 0.25))
     finally:
-        kill(proc)
+        if forks is None:
+            kill(proc)
+        else:
+            forks.kill(pid)  # SIGKILL, then reaped: the pid is gone before the next boot
     return Worker.objects.order_by("-pk").values_list("pk", flat=True).first() or seen_worker
 
 
@@ -67,11 +84,16 @@ def test_sigkill_at_random_moments_costs_at_most_the_step_in_flight(
     log, out = tmp_path / "runs.log", tmp_path / "runloop.out"
     batches = 0
     seen_worker = 0
-    for _ in range(KILLS):
-        if not Task.objects.open().exists():  # keep the worker fed until the last kill
-            add_batch(log, batches)
-            batches += 1
-        seen_worker = start_and_kill(rng, out, seen_worker)
+    forks = ForkServer(process_env())
+    try:
+        for kill_no in range(KILLS):
+            if not Task.objects.open().exists():  # keep the worker fed until the last kill
+                add_batch(log, batches)
+                batches += 1
+            real = kill_no % REAL_EVERY == REAL_EVERY - 1
+            seen_worker = start_and_kill(rng, out, seen_worker, None if real else forks)
+    finally:
+        forks.close()
 
     survivor = start_runloop(log=out)
     processes.append(survivor)
