@@ -134,17 +134,29 @@ def runloop(
     return proc
 
 
-@pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-    # still plain synchronous calls.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from playwright.sync_api import sync_playwright
+@pytest.fixture(scope="module")
+def launched_chromium() -> Iterator[Any]:
+    """One real Chromium for a module's tests (starting Playwright and the browser costs about
+    two seconds); each test's pages are in contexts of their own, closed after it (`browser`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+        # still plain synchronous calls.
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+        with sync_playwright() as p:
+            launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield launched
+            launched.close()
+
+
+@pytest.fixture
+def browser(launched_chromium: Any) -> Iterator[Any]:
+    """The module's Chromium; whatever the test opened in it (pages, cookies) is closed after."""
+    assert not launched_chromium.contexts, "a page of an earlier test is still open"
+    yield launched_chromium
+    for context in launched_chromium.contexts:
+        context.close()
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from .test_browser import (  # noqa: F401  (fixtures)
     Receiver,
     browser,
     dad_user,
+    launched_chromium,
     live_open,
     log_in,
     pay_step,
