@@ -13,10 +13,12 @@ reads the journal and the receiver back:
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from typing import Any
 
 from django.contrib.auth.models import Permission, User
 from django.db import transaction
+from django.db.models import QuerySet
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -75,12 +77,19 @@ class AuthorizationMachine(RuleBasedStateMachine):
         args = {"url": self.receiver.url("/pay"), "json": {"amount": amount}}
         return step(f"pay{amount}", "http.post", args=args, confirm_before=confirm_before)
 
-    def _open(self) -> list[Step]:
-        return list(
-            Step.objects.filter(pk__in=self.pays).exclude(
-                state__in=[StepState.DONE, StepState.FAILED]
-            )
+    def _open_steps(self) -> QuerySet[Step]:
+        return Step.objects.filter(pk__in=self.pays).exclude(
+            state__in=[StepState.DONE, StepState.FAILED]
         )
+
+    def _open(self) -> list[Step]:
+        return list(self._open_steps())
+
+    def _any_open(self, *states: str) -> bool:
+        """Whether _open() would list a step (in one of `states`, if given): for the
+        preconditions, checked before every rule, without loading the rows."""
+        open_steps = self._open_steps()
+        return (open_steps.filter(state__in=states) if states else open_steps).exists()
 
     # ---- the world -----------------------------------------------------------------------------
 
@@ -133,7 +142,7 @@ class AuthorizationMachine(RuleBasedStateMachine):
     def _blocked(self) -> list[Step]:
         return [s for s in self._open() if s.state == StepState.BLOCKED]
 
-    @precondition(lambda self: self._blocked())
+    @precondition(lambda self: self._any_open(StepState.BLOCKED))
     @rule(
         data=st.data(),
         decision=st.sampled_from([*ANSWERS, "allow", "allow", "happened", "rerun"]),
@@ -150,7 +159,7 @@ class AuthorizationMachine(RuleBasedStateMachine):
         if decision in GRANTING:
             assert (pay.authorized_by, pay.authorized_call) == ("dad", shown)
 
-    @precondition(lambda self: self._open())
+    @precondition(lambda self: self._any_open())
     @rule(
         data=st.data(),
         change=st.sampled_from(["amount", "tool", "title", "max_attempts", "amount_and_title"]),
@@ -210,12 +219,16 @@ class AuthorizationMachine(RuleBasedStateMachine):
 
     @invariant()
     def an_authorization_covers_one_start_of_its_call(self) -> None:
-        requests = {e.pk: calls.digest(e.tool, e.request) for e in Effect.objects.all()}
+        effects = {e.pk: e for e in Effect.objects.all()}
+        requests = {pk: calls.digest(e.tool, e.request) for pk, e in effects.items()}
+        journals: dict[int, list[Event]] = defaultdict(list)  # each pay's events, in order
+        for event in Event.objects.filter(step_id__in=self.pays).order_by("id"):
+            journals[event.step_id].append(event)
         for pay in self.pays:
             granted: str | None = None  # the digest an unconsumed authorization holds
             running: str | None = None  # the call the current start consumed one for
             awaiting_consumption = False
-            for event in Event.objects.filter(step_id=pay).order_by("id"):
+            for event in journals[pay]:
                 kind, data = event.kind, event.data
                 if awaiting_consumption:
                     assert kind == "authorization_consumed", f"step {pay}: {kind} after a start"
@@ -237,7 +250,8 @@ class AuthorizationMachine(RuleBasedStateMachine):
                     # Every intent, claim and receipt of an authorized start is of its call.
                     assert requests[event.effect_id] == running, f"{kind} of another call"
         for request in self.receiver.posts:
-            effect = Effect.objects.get(pk=request.key)
+            effect = effects.get(request.key or "")
+            assert effect is not None, f"a request of no effect reached the receiver: {request}"
             assert request.json == effect.request["json"]
             assert request.method == effect.tool.removeprefix("http.").upper()
 
