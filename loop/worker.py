@@ -41,9 +41,9 @@ class TickFailed(DatabaseError):
 
 
 def drop_broken_connections() -> None:
-    """Between ticks: close this thread's database connections that failed and no longer
-    answer (a restarted server), or that were left inside a transaction, so the next tick
-    connects afresh; a healthy one is kept. Django's `close_old_connections` would also close
+    """Between ticks (and beats): close this thread's database connections that failed and no
+    longer answer (a restarted server), or that were left inside a transaction, so the next
+    tick connects afresh; a healthy one is kept. Django's `close_old_connections` would also close
     every connection older than CONN_MAX_AGE, which for PostgreSQL is 0 (a web request's): a
     new server process, forked and authenticated, for every tick and every idle poll."""
     for conn in connections.all(initialized_only=True):
@@ -209,6 +209,10 @@ class Worker:
         next_prune = time.monotonic() + settings.LOOP_PRUNE_EVERY_SECONDS
         try:
             while not self._beat_stop.wait(reap_every):
+                # This thread's own connection: one the server dropped (a restart, a
+                # failover) would fail every beat after, and peers would take this live
+                # worker for dead and settle its work.
+                drop_broken_connections()
                 if time.monotonic() >= next_beat:
                     self.beat()
                     next_beat = time.monotonic() + every
