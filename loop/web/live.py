@@ -49,6 +49,7 @@ log = logging.getLogger("loop.web.live")
 POLL_SECONDS = settings.LOOP_LIVE_POLL_MS / 1000
 BANNER_SECONDS = 5.0
 BATCH = 500
+UNSENT = 1000  # messages a tailer keeps while the channel layer refuses them
 REPLAY_ROWS = 200
 SEEN_LIMIT = 1024  # at most this many ids in a reconnecting page's `seen`
 PROCESS = f"p{os.getpid()}-{secrets.token_hex(4)}"
@@ -273,6 +274,7 @@ class Tailer:
         # case a notice was lost; on SQLite it looks every POLL_SECONDS. Never more often
         # than that either way: a busy worker's notices are taken together.
         waits = settings.LOOP_LIVE_PG_POLL_MS / 1000 if self.listener else POLL_SECONDS
+        unsent: list[tuple[str, dict[str, Any]]] = []
         while True:
             try:
                 await asyncio.wait_for(self.wake.wait(), waits)
@@ -288,8 +290,26 @@ class Tailer:
                 log.exception("live tailer: poll failed; trying again")
                 await asyncio.sleep(1)
                 continue
-            for group, message in out:
+            unsent = await self.send(layer, unsent + out)
+            if unsent:
+                self.wake.set()  # try again after the pause `send` took, not at the next look
+
+    async def send(
+        self, layer: Any, out: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Each message to its group, in order. Those a failed send left (the Redis layer
+        restarting) come back, to go first at the next pass, so a page whose socket stayed
+        open misses nothing (it drops what it already has); at most the newest UNSENT are
+        kept through a long outage. A page whose socket broke reconnects and replays from
+        its own last id."""
+        for n, (group, message) in enumerate(out):
+            try:
                 await layer.group_send(group, {"type": "live.push", "message": message})
+            except Exception:
+                log.exception("live tailer: sending to the pages failed; trying again")
+                await asyncio.sleep(1)
+                return out[n:][-UNSENT:]
+        return []
 
     def poll(self, topics: list[Topic]) -> list[tuple[str, dict[str, Any]]]:
         """In the tailer's thread: new events → one message per followed topic."""
