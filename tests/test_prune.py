@@ -27,6 +27,7 @@ from .conftest import make_task, run_until_idle, step, wait_for
 from .test_live_consumer import connect_as, own_channel_layer, run  # noqa: F401
 
 site, browser, dad_user = web.site, web.browser, web.dad_user  # the browser tests' fixtures
+launched_chromium = web.launched_chromium
 OLD = timezone.now() - timedelta(days=100)
 
 
