@@ -32,6 +32,11 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
     return claimed[0] if claimed else None
 
 
+def any_claimable() -> bool:
+    """Whether a claim would find a task now (a read: no lock taken)."""
+    return sql.any_claimable(now=timezone.now())
+
+
 def claim_many(owner: int, count: int, *, seconds: int | None = None) -> list[tuple[int, int]]:
     """Claim up to `count` claimable tasks (running or planning) in one statement
     (`sql.claim_free_tasks`); (task id, new epoch) of each, least-claimed first (every claim

@@ -157,7 +157,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def claimable(self, now: datetime | None = None) -> TaskQuerySet:
         """Running and planning tasks a worker may claim now (`CLAIMABLE_TASK`,
-        `claimable_at`): an idle worker's cheap look before it takes the write lock to claim."""
+        `claimable_at`). An idle worker looks with `sql.any_claimable`, written from the same
+        conditions, before it takes the write lock to claim."""
         return self.filter(CLAIMABLE_TASK & claimable_at(now or timezone.now()))
 
     def open(self) -> TaskQuerySet:
@@ -199,7 +200,7 @@ class Task(models.Model):
             # The claim (sql.claim_free_tasks, for lease.claim_many): state IN ('planning',
             # 'running') AND claimable, ORDER BY state, lease_epoch, id (CLAIM_ORDER: one
             # ordered descent per state, no sort); and an idle worker's look before it
-            # (Task.objects.claimable().exists()).
+            # (sql.any_claimable, Task.objects.claimable().exists() by hand).
             models.Index(fields=["state", "lease_epoch", "id"], name="task_claim"),
             # Boot reconciliation finds and releases a dead worker's leases (boot.reconcile).
             models.Index(fields=["lease_owner"], name="task_lease_owner"),

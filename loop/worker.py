@@ -29,7 +29,7 @@ from . import effects, journal, lease, llm, prune, schedules, step_life
 from .boot import host_name, proc_start_time, reconcile
 from .health import low_disk_reason
 from .judges import Verdict
-from .models import EventKind, Task, WorkerState
+from .models import EventKind, WorkerState
 from .models import Worker as WorkerRow
 from .step_life import ASKING_AT_ONCE, Begun, NeedsProbe, Room, Started
 
@@ -292,7 +292,7 @@ class Worker:
         batch: list[Started] = []
         try:
             # A cheap read first, so an idle worker does not take the write lock every poll.
-            if not self._found_work and not Task.objects.claimable().exists():
+            if not self._found_work and not lease.any_claimable():
                 return False
             begun = self.claim_batch()
             self._found_work = bool(begun)

@@ -78,11 +78,12 @@ def test_the_claim_takes_exactly_what_the_orm_calls_claimable(db: None) -> None:
     Task.objects.filter(pk=paused.pk).update(state=TaskState.PAUSED)
     claimable = set(Task.objects.claimable().values_list("pk", flat=True))
     assert claimable == {free.pk, ran_out.pk, due.pk}
-    assert set(Task.objects.claimable().values_list("pk", flat=True)) == (claimable)
+    assert lease.any_claimable()
     with transaction.atomic():
         claimed = lease.claim_many(99, 10)
     assert {task_id for task_id, _ in claimed} == claimable
     assert not Task.objects.claimable().exists()
+    assert not lease.any_claimable()
     # An agent's `next` takes a task it holds already, never one another holds.
     assert lease.claim_task(held.pk, 7, seconds=60) is not None
     assert lease.claim_task(held.pk, 8, seconds=60) is None
@@ -194,3 +195,26 @@ def test_on_postgresql_the_hot_statements_are_prepared_once_per_connection(
             pass
     assert prepared() == set()
     assert Task.objects.filter(state=TaskState.DONE).count() == 6
+
+
+def test_an_idle_workers_look_reads_the_claim_index_not_the_finished_tasks(db: None) -> None:
+    """The look before a claim (sql.any_claimable) seeks task_claim for the claimable states;
+    thousands of finished tasks are never scanned."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from .test_big_tasks import plan_of
+
+    Task.objects.bulk_create(
+        [Task(title=f"t{n}", state=TaskState.DONE, lease_epoch=1) for n in range(3000)]
+    )
+    make_task(step("a"), title="runnable")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE loop_task")
+    with CaptureQueriesContext(connection) as captured:
+        assert lease.any_claimable()
+    [look] = [q["sql"] for q in captured.captured_queries]
+    plan = plan_of(look)
+    assert "task_claim" in plan, plan
+    assert "SCAN loop_task" not in plan and "Seq Scan" not in plan, plan
