@@ -492,7 +492,7 @@ def _col(model: type[Model], name: str) -> str:
 
 
 @cache
-def _claim_free_sql(vendor: str) -> tuple[str, int, int]:
+def _claim_free_sql(vendor: str, count: int) -> tuple[str, int, int]:
     t, pk, epoch = _q(Task._meta.db_table), _col(Task, "id"), _col(Task, "lease_epoch")
     states = _literal(Task, CLAIMABLE_TASK, vendor)
     claimable, n_claimable = _timed(Task, claimable_at, vendor)
@@ -504,7 +504,7 @@ def _claim_free_sql(vendor: str) -> tuple[str, int, int]:
     sql = (
         f"UPDATE {t} SET {_col(Task, 'lease_owner')} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
         f"{epoch} = {epoch} + 1 WHERE {pk} IN (SELECT {pk} FROM {t} "
-        f"WHERE {states} AND {claimable} ORDER BY {order} LIMIT %s"
+        f"WHERE {states} AND {claimable} ORDER BY {order} LIMIT {int(count)}"
         f"{skip_locked}) AND {free} RETURNING {pk}, {epoch}"
     )
     return sql, n_claimable, n_free
@@ -524,10 +524,12 @@ def claim_free_tasks(
     rows another claim has locked. Through the index task_claim (state, lease_epoch, id): the
     states are literals (`_literal`) so the planner descends the index once per state in
     order, with no sort of every claimable task (EXPLAIN on both databases, tests/test_sql.py).
-    """
-    sql, n_claimable, n_free = _claim_free_sql(connection.vendor)
+    The count is written in too (a statement per count, a batch's few): PostgreSQL's plan
+    of a prepared statement kept for every call, planned with LIMIT a parameter, guesses a
+    tenth of the table and joins it whole (tests/test_sql.py reads that plan)."""
+    sql, n_claimable, n_free = _claim_free_sql(connection.vendor, count)
     at, until_db = _db(now), _db(until)
-    params = [owner, until_db, *[at] * n_claimable, count, *[at] * n_free]
+    params = [owner, until_db, *[at] * n_claimable, *[at] * n_free]
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         return [(int(i), int(e)) for i, e in cursor.fetchall()]
@@ -538,7 +540,11 @@ def _any_claimable_sql(vendor: str) -> tuple[str, int]:
     t = _q(Task._meta.db_table)
     states = _literal(Task, CLAIMABLE_TASK, vendor)
     claimable, n_claimable = _timed(Task, claimable_at, vendor)
-    return f"SELECT 1 FROM {t} WHERE {states} AND {claimable} LIMIT 1", n_claimable  # noqa: S608
+    order = ", ".join(_col(Task, name) for name in CLAIM_ORDER)
+    return (
+        f"SELECT 1 FROM {t} WHERE {states} AND {claimable} ORDER BY {order} LIMIT 1",  # noqa: S608
+        n_claimable,
+    )
 
 
 def any_claimable(*, now: datetime) -> bool:
@@ -548,7 +554,8 @@ def any_claimable(*, now: datetime) -> bool:
     Serves an idle worker's look before it claims (Worker.tick), every LOOP_IDLE_SLEEP_MS.
     By hand because the ORM compiled the look anew every time, about 1 ms against 0.1 ms to
     run it (bench/claim_latency.py times the look with the claim); through the index
-    task_claim (the states as literals), so finished tasks are never read."""
+    task_claim (the states as literals, and the claim's order, so no plan reads the table in
+    its own order past finished tasks), so finished tasks are never read."""
     sql, n_claimable = _any_claimable_sql(connection.vendor)
     with _cursor(connection) as cursor:
         cursor.execute(sql, [_db(now)] * n_claimable)

@@ -4,6 +4,7 @@ task's first open step is the first of `Step.objects.open()`."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -161,9 +162,9 @@ def test_on_postgresql_the_hot_statements_are_prepared_once_per_connection(
     worker: Worker,
 ) -> None:
     """On PostgreSQL a tick's statements are prepared on the worker's connection the first
-    time and reused after: more tasks, claimed together, add no prepared statement (a list of
-    ids is one array parameter, whatever its length). With LOOP_PG_PREPARE off nothing is
-    prepared."""
+    time and reused after: more tasks, claimed together, add no prepared statement but a
+    claim of another count (a list of ids is one array parameter, whatever its length). With
+    LOOP_PG_PREPARE off nothing is prepared."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
@@ -184,7 +185,10 @@ def test_on_postgresql_the_hot_statements_are_prepared_once_per_connection(
         make_task(*(step(f"s{k}") for k in range(3)), title=f"more {n}")
     while worker.tick():
         pass
-    assert prepared() == first
+    # Only a claim of another count is new (the count is written into the claim: one
+    # statement per count, at most LOOP_BATCH of them).
+    new = prepared() - first
+    assert all(s.startswith('UPDATE "loop_task" SET "lease_owner"') for s in new), new
     assert Task.objects.filter(state=TaskState.DONE).count() == 5
 
     with connection.cursor() as cursor:
@@ -218,3 +222,63 @@ def test_an_idle_workers_look_reads_the_claim_index_not_the_finished_tasks(db: N
     plan = plan_of(look)
     assert "task_claim" in plan, plan
     assert "SCAN loop_task" not in plan and "Seq Scan" not in plan, plan
+
+
+def test_on_postgresql_the_plan_kept_for_each_hot_statement_reads_indexes(
+    worker: Worker,
+) -> None:
+    """A prepared statement's plan may be planned once for every call, not knowing its values
+    (a generic plan). For every statement of a worker's ticks, that plan reads the tasks and
+    steps it needs through an index, with thousands of finished tasks and steps about and
+    thousands of running ones that other workers hold."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    held = timezone.now() + timedelta(hours=1)
+    old = Task.objects.bulk_create(
+        [Task(title=f"old {n}", state=TaskState.DONE, lease_epoch=1) for n in range(3000)]
+        + [
+            Task(title=f"busy {n}", state=TaskState.RUNNING, lease_owner=7, lease_until=held)
+            for n in range(3000)
+        ]
+    )
+    Step.objects.bulk_create(
+        [
+            Step(task=t, position=p, key=f"s{p}", tool="echo", state=StepState.DONE)
+            for t in old
+            for p in range(3)
+        ]
+    )
+    for n in range(3):
+        make_task(*(step(f"s{k}") for k in range(3)), title=f"runnable {n}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE loop_task")
+        cursor.execute("ANALYZE loop_step")
+    ran: dict[str, list[object]] = {}
+
+    def keep(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if isinstance(params, list | tuple) and "%" in sql:
+            ran.setdefault(sql, list(params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        while worker.tick():
+            pass
+    assert Task.objects.filter(state=TaskState.DONE).count() == 3003  # the three runnable
+    hot = {sql: params for sql, params in ran.items() if "loop_task" in sql or "loop_step" in sql}
+    assert any(sql.startswith("UPDATE") for sql in hot) and any("unnest" in sql for sql in hot)
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            for n, (sql, params) in enumerate(hot.items()):
+                marks = iter(range(1, len(params) + 1))
+                text = re.sub(r"%[sb]", lambda _: f"${next(marks)}", sql)
+                cursor.execute(f"PREPARE hot{n} AS {text}")
+                values = ", ".join(["%s"] * len(params))
+                cursor.execute(f"EXPLAIN EXECUTE hot{n}({values})", params)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                assert not re.search(r"Seq Scan on loop_(task|step)\b", plan), (sql, plan)
+        finally:
+            cursor.execute("DEALLOCATE ALL")
+            cursor.execute("RESET plan_cache_mode")
