@@ -13,6 +13,11 @@ from django.db import DatabaseError
 
 
 class LoopCommand(BaseCommand):
+    # The loop's commands serve no URLs, and Django's system checks would import the whole
+    # HTTP API (django-ninja) for the URL checks: most of a second before `manage.py task 3`
+    # prints anything, or before a worker heartbeats. `manage.py check` and `migrate` run them.
+    requires_system_checks: list[str] = []
+
     def execute(self, *args: Any, **options: Any) -> str | None:
         """A database that refuses (a full disk, a read-only file, a lost server) is an
         expected error: `CommandError` with its reason, so exit status 1 without a traceback

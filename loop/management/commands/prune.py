@@ -3,12 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from loop import prune
+from loop.management.base import LoopCommand
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = (
         "Delete finished tasks' history (events, effects, steps, the task) and API command "
         "receipts older than a window, in small batches. Never anything of an open task, "

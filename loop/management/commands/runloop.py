@@ -27,9 +27,6 @@ def batch(value: str) -> int:
 
 class Command(LoopCommand):
     help = "Run the loop: boot reconciliation, then claim and run steps until signalled."
-    # A worker serves no URLs: the URL checks would import the whole HTTP API (django-ninja)
-    # at each boot, a second or more before the worker heartbeats. `manage.py check` runs them.
-    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
