@@ -3,7 +3,8 @@
     .venv/bin/python bench/recovery.py [--repeat 5] [--database-url postgres://…/db]
 
 (a) restart:        the same worker started again at once; from the new process being ready
-                    (its `worker_started` event) to the cut step's `step_restarted`.
+                    (its `worker_started` event) to the cut step's `step_restarted`, and
+                    from the SIGKILL, the new process's start (imports, boot) included.
 (b) same host:      another worker already running; from the SIGKILL to `step_restarted`.
 (b) other host:     the same, the killed worker recorded under another host name
                     (LOOP_WORKER_HOST), so only its heartbeat going stale can show it dead.
@@ -124,13 +125,14 @@ def finish(task_id: int) -> None:
     wait(lambda: not Task.objects.filter(pk=task_id).open().exists(), "the task to finish")
 
 
-def restart_once(folder: Path) -> float:
+def restart_once(folder: Path) -> tuple[float, float]:
+    """(ready → restarted, kill → restarted) in seconds."""
     from loop.models import Event
 
     task_id = hanging_task(folder)
     first = runloop("bench-a")
     started(task_id)
-    kill(first)
+    killed = kill(first)
     mark = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
     again = runloop("bench-a")
     try:
@@ -138,11 +140,11 @@ def restart_once(folder: Path) -> float:
             lambda: Event.objects.filter(id__gt=mark, kind="worker_started").first(),
             "the new process",
         )
-        seconds = (restarted_at(task_id) - ready.created_at).total_seconds()
+        restarted = restarted_at(task_id)
         finish(task_id)
     finally:
         stop(again)
-    return seconds
+    return (restarted - ready.created_at).total_seconds(), restarted.timestamp() - killed
 
 
 def takeover_once(folder: Path, *, other_host: bool) -> float:
@@ -171,7 +173,7 @@ def summary(values: list[float]) -> str:
     ordered = sorted(values)
     middle = len(ordered) // 2
     med = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return f"median {med:6.2f} s   range {ordered[0]:.2f}–{ordered[-1]:.2f} s   (n={len(values)})"
+    return f"median {med:6.3f} s   range {ordered[0]:.3f}–{ordered[-1]:.3f} s   (n={len(values)})"
 
 
 def main() -> None:
@@ -188,9 +190,11 @@ def main() -> None:
         from django.db import connection
 
         call_command("migrate", verbosity=0)
-        results: dict[str, list[float]] = {"a": [], "same": [], "other": []}
+        results: dict[str, list[float]] = {"a": [], "a-kill": [], "same": [], "other": []}
         for _ in range(options.repeat):
-            results["a"].append(restart_once(folder))
+            ready, killed = restart_once(folder)
+            results["a"].append(ready)
+            results["a-kill"].append(killed)
             results["same"].append(takeover_once(folder, other_host=False))
             results["other"].append(takeover_once(folder, other_host=True))
         print(
@@ -200,6 +204,9 @@ def main() -> None:
         )
         beat = settings.LOOP_HEARTBEAT_SECONDS
         print(f"(a) restart, ready → step restarted:   {summary(results['a'])}   target < 0.5 s")
+        print(
+            f"(a) restart, kill → step restarted:    {summary(results['a-kill'])}   (process start)"
+        )
         print(f"(b) same host, kill → step restarted:  {summary(results['same'])}   target < 1 s")
         print(
             f"(b) other host, kill → step restarted: {summary(results['other'])}   "

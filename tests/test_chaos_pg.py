@@ -1,8 +1,9 @@
 """Chaos at scale, bounded: four real `runloop` workers on PostgreSQL, one SIGKILLed about
-every 0.6 s (15 times) and started again, twenty tasks of five side-effect steps to real receivers.
-Nothing is delivered twice or outside a committed `running` effect, no step is held by two
-workers at once, and every task ends done with every question answered from the receivers'
-records (tests/support/chaos_scale.py; full size: bench/chaos_pg.py). PostgreSQL only."""
+every 0.6 s (15 times) and started again, twenty tasks of five side-effect steps to real
+receivers. Nothing is delivered twice or outside a committed `running` effect, no step is held
+by two workers at once, no kill leaves more than one question, and every task ends done with
+every question answered from the receivers' records (tests/support/chaos_scale.py; full size:
+bench/chaos_pg.py). PostgreSQL only."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def test_four_workers_killed_in_turn_never_hold_a_step_twice_nor_deliver_twice(
     assert not figures.violations
     assert not figures.overlaps
     assert figures.emails + figures.posts == 20 * 5  # each step's effect went out once
+    # One question per crash at most, and only about a worker's cut start.
+    assert figures.most_from_one_kill <= 1, figures.asked_by.most_common(3)
+    assert all(worker.startswith("worker:") for worker in figures.asked_by), figures.asked_by
 
 
 def test_the_journal_check_finds_a_step_started_by_a_second_worker_without_a_fence(

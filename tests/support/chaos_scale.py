@@ -1,5 +1,5 @@
 """Chaos at scale on PostgreSQL (tests/test_chaos_pg.py, bench/chaos_pg.py): several real
-`runloop` workers on one database, one of them SIGKILLed every few seconds and started again,
+`runloop` workers on one database, a busy one SIGKILLed every so often and started again,
 every step a side effect to a real receiver (tests/support/chaos_sinks.py).
 
 Afterwards the journal and the receivers are checked: no step was started by a second worker
@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.utils import timezone
+
 from loop import actions, plans
-from loop.models import Effect, EffectState, Event, EventKind, Step, Task
+from loop.models import Effect, EffectState, Event, EventKind, Step, Task, Worker
 from loop.permissions import SYSTEM
 from loop.tools.mail import message_id
 
@@ -52,6 +54,12 @@ class Figures:
     answers: Counter[str] = field(default_factory=Counter)
     probes_settled: int = 0
     unfinished: int = 0
+    # Questions by the worker (one incarnation: one kill) whose start each asked step had last.
+    asked_by: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def most_from_one_kill(self) -> int:
+        return max(self.asked_by.values(), default=0)
 
     def table(self) -> str:
         rows = [
@@ -69,6 +77,7 @@ class Figures:
             ("settled by a probe", self.probes_settled),
             *((f"questions: {k}", n) for k, n in sorted(self.questions.items())),
             *((f"answers: {k}", n) for k, n in sorted(self.answers.items())),
+            ("most questions from one kill", self.most_from_one_kill),
             ("tasks not done", self.unfinished),
         ]
         width = max(len(name) for name, _ in rows)
@@ -144,9 +153,10 @@ def run(
     timeout: float,
 ) -> Figures:
     """Create `tasks` tasks (keeping about two per worker open at a time), SIGKILL a random
-    worker every `kill_every` seconds (give or take half), at most `max_kills` times, and start
-    another in its place, answering questions as they come, until every task is done; then
-    check. The last tasks are created only after `min_kills` kills."""
+    busy worker (one holding a task's lease) every `kill_every` seconds (give or take half), at
+    most `max_kills` times, and start another in its place, answering questions as they come,
+    until every task is done; then check. The last tasks are created only after `min_kills`
+    kills."""
     rng = random.Random(seed)
     person = Person(web=web, smtp=smtp)
     figures = Figures(workers=workers, tasks=tasks)
@@ -156,14 +166,27 @@ def run(
     created = 0
     try:
         while True:
-            open_now = Task.objects.open().count()
-            # Before `min_kills`, tasks come in proportion to the kills so far: however fast
-            # the machine, that many kills land while there is work.
+            now = time.monotonic()
+            due = now >= next_kill and figures.kills < max_kills
+            # A kill waits for a worker with work in hand (an idle one cuts nothing).
+            busy = busy_workers(procs) if due else []
+            if busy:
+                victim = rng.choice(busy)
+                os.kill(procs[victim].pid, signal.SIGKILL)
+                procs[victim].wait(timeout=30)
+                procs[victim] = start(env, log)
+                figures.kills += 1
+                next_kill = now + rng.uniform(0.5, 1.5) * kill_every
+            # Before `min_kills`, tasks come in proportion to the kills so far, and a due kill
+            # that found nobody busy lets the next few in: however fast the machine, that many
+            # kills land among work.
+            ahead = 1 if due and not busy else 0
             paced = (
                 tasks
                 if figures.kills >= min_kills
-                else tasks * (figures.kills + 1) // (min_kills + 1)
+                else tasks * (figures.kills + 1 + ahead) // (min_kills + 1)
             )
+            open_now = Task.objects.open().count()
             while created < max(paced, 1) and open_now < 2 * workers:
                 created += 1
                 open_now += 1
@@ -173,16 +196,8 @@ def run(
             person.answer_questions()
             if created == tasks and not Task.objects.open().exists():
                 break
-            now = time.monotonic()
             if now > began + timeout:
                 break
-            if now >= next_kill and figures.kills < max_kills:  # while tasks are open
-                victim = rng.randrange(workers)
-                os.kill(procs[victim].pid, signal.SIGKILL)
-                procs[victim].wait(timeout=30)
-                procs[victim] = start(env, log)
-                figures.kills += 1
-                next_kill = now + rng.uniform(0.5, 1.5) * kill_every
             time.sleep(0.05)
     finally:
         figures.seconds = time.monotonic() - began
@@ -197,6 +212,15 @@ def run(
                 proc.wait()
     check(figures, smtp, web, person)
     return figures
+
+
+def busy_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """The indexes in `procs` of the workers that hold a task's lease now."""
+    holders = Task.objects.filter(lease_owner__isnull=False, lease_until__gt=timezone.now())
+    pids = set(
+        Worker.objects.filter(pk__in=holders.values("lease_owner")).values_list("pid", flat=True)
+    )
+    return [n for n, proc in enumerate(procs) if proc.pid in pids]
 
 
 def check(figures: Figures, smtp: SmtpSink, web: HttpSink, person: Person) -> None:
@@ -216,6 +240,22 @@ def check(figures: Figures, smtp: SmtpSink, web: HttpSink, person: Person) -> No
     figures.questions, figures.answers = person.asked, person.answers
     figures.probes_settled = Event.objects.filter(kind=EventKind.PROBE, data__found=True).count()
     figures.overlaps = overlaps()
+    figures.asked_by = askers()
+
+
+def askers() -> Counter[str]:
+    """For each question asked, the worker whose start of the step came last before it: its
+    cut is what the question is about. A worker holds at most one call that would ask if cut,
+    so no incarnation (one kill) may count more than one."""
+    last_start: dict[int, str] = {}
+    found: Counter[str] = Counter()
+    rows = Event.objects.filter(kind__in=[*STARTS, EventKind.STEP_BLOCKED]).order_by("id")
+    for kind, step, actor in rows.values_list("kind", "step_id", "actor").iterator():
+        if kind in STARTS:
+            last_start[step] = actor
+        else:
+            found[last_start.get(step, "never started")] += 1
+    return found
 
 
 def overlaps() -> list[str]:
