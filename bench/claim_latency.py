@@ -5,9 +5,13 @@ their events), and the ratio: history must not slow the claim down (target <= 1.
 
 One claim is what an idle-then-busy worker does each tick: the cheap "is anything claimable"
 read, then one `claim_many` of up to LOOP_BATCH tasks, committed. A handful of runnable tasks
-are claimed and given back (outside the timing) again and again; the median and p95 per
-claim are printed, before and after the finished history is bulk-inserted. Without
---database-url a fresh SQLite file under ./var is used (WAL, synchronous=FULL).
+are claimed and given back (outside the timing) again and again, in two databases side by
+side: one with only those tasks, one with the finished history bulk-inserted too. The claims
+alternate between the two in blocks, each database on a connection of its own kept open, so
+the machine's drift over a run (other load, the page cache, the disk) falls on both alike; the median and p95 per claim of each are printed, and
+their ratio. Without --database-url two fresh SQLite files under ./var are used (WAL,
+synchronous=FULL); with it (an empty PostgreSQL database) the history goes there and the
+other side into `<name>_empty` beside it, made and dropped by the bench.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,6 +115,46 @@ def add_history(finished: int, *, chunk: int = 5000) -> None:
         made += count
 
 
+def connections_to(names: dict[str, str]) -> dict[str, Any]:
+    """A Django connection (a DatabaseWrapper, like the default's) to each database named."""
+    from django.db import connections
+    from django.db.utils import load_backend
+
+    base = connections["default"].settings_dict
+    wrappers = {}
+    for side, name in names.items():
+        settings_dict = {**base, "NAME": name}
+        wrappers[side] = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(
+            settings_dict, "default"
+        )
+    return wrappers
+
+
+def use(wrapper: Any) -> None:
+    """Make `wrapper` Django's default connection; the other stays open as it is (its
+    statements prepared, its SQLite write-ahead log where it was)."""
+    from django.db import connections
+
+    connections["default"] = wrapper
+
+
+def sibling_database(database_url: str, suffix: str, *, drop: bool = False) -> str:
+    """Make (or drop) the PostgreSQL database named like `database_url`'s with `suffix`."""
+    import psycopg
+
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/") + suffix
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name]
+        )
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        if not drop:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
 def stats(times: list[float]) -> tuple[float, float]:
     ordered = sorted(times)
     return ordered[len(ordered) // 2] * 1000, ordered[int(len(ordered) * 0.95)] * 1000
@@ -119,6 +165,7 @@ def main() -> None:
     parser.add_argument("--finished", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--runnable", type=int, default=8, help="tasks waiting to be claimed")
+    parser.add_argument("--blocks", type=int, default=10, help="alternations between the two")
     parser.add_argument("--database-url", default="", help="PostgreSQL (default: SQLite in ./var)")
     options = parser.parse_args()
     (ROOT / "var").mkdir(exist_ok=True)
@@ -130,37 +177,59 @@ def main() -> None:
 
         from loop.models import Event, Step, Task
 
-        call_command("migrate", verbosity=0)
-        if options.database_url and Task.objects.exists():
-            raise SystemExit("--database-url: use an empty database (this one has tasks)")
-        ids = runnable(options.runnable)
-        measure(200, ids)  # warm up
-        empty = stats(measure(options.rounds, ids))
+        full_db = connection.settings_dict["NAME"]
+        if options.database_url:
+            empty_db = sibling_database(options.database_url, "_empty")
+        else:
+            empty_db = str(folder / "empty.sqlite3")
+        sides = connections_to({"empty": empty_db, "history": full_db})
+        ids = {}
+        for side, wrapper in sides.items():
+            use(wrapper)
+            call_command("migrate", verbosity=0)
+            if Task.objects.exists():
+                raise SystemExit("--database-url: use an empty database (this one has tasks)")
+            ids[side] = runnable(options.runnable)
+        use(sides["history"])
         began = time.monotonic()
         add_history(options.finished)
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE")  # as autovacuum would, soon after such a load
         loaded = time.monotonic() - began
-        measure(200, ids)
-        full = stats(measure(options.rounds, ids))
+        counts = (Task.objects.count(), Step.objects.count(), Event.objects.count())
+        if connection.vendor == "postgresql":
+            for wrapper in sides.values():  # as autovacuum would, soon after such a load
+                with wrapper.cursor() as cursor:
+                    cursor.execute("ANALYZE")
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        block = max(1, options.rounds // options.blocks)
+        for _ in range(options.blocks):
+            for side, wrapper in sides.items():
+                use(wrapper)
+                measure(20, ids[side])  # untimed: back into this side's pages
+                times[side] += measure(block, ids[side])
+        empty, full = stats(times["empty"]), stats(times["history"])
+        for wrapper in sides.values():
+            wrapper.close()
         print(
             f"database: {connection.vendor}; {options.runnable} runnable tasks, "
-            f"{options.rounds} claims each"
+            f"{block * options.blocks} claims each, alternating in {options.blocks} blocks"
         )
         print(f"empty history:      median {empty[0]:.3f} ms   p95 {empty[1]:.3f} ms")
         print(
             f"with history:       median {full[0]:.3f} ms   p95 {full[1]:.3f} ms   "
-            f"({Task.objects.count()} tasks, {Step.objects.count()} steps, "
-            f"{Event.objects.count()} events; loaded in {loaded:.0f} s)"
+            f"({counts[0]} tasks, {counts[1]} steps, {counts[2]} events; loaded in {loaded:.0f} s)"
         )
         print(f"ratio (median):     {full[0] / empty[0]:.2f}   target <= 1.2")
         url = f" --database-url {options.database_url}" if options.database_url else ""
         print(
             f"command: .venv/bin/python bench/claim_latency.py --finished {options.finished} "
-            f"--rounds {options.rounds}{url}"
+            f"--rounds {options.rounds} --blocks {options.blocks}{url}"
         )
     finally:
+        if options.database_url:
+            from django.db import connection
+
+            connection.close()
+            sibling_database(options.database_url, "_empty", drop=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
