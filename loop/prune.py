@@ -27,6 +27,7 @@ from django.utils import timezone
 from .models import ENDED_TASK_STATES, Effect, Event, Receipt, Step, Task
 
 BATCH = 500
+MAX_DAYS = 36500  # a hundred years: the same bound as LOOP_PRUNE_AFTER_DAYS
 TABLES = ("events", "effects", "steps", "tasks", "receipts")
 _TASK_IN_SCOPE = re.compile(r"/tasks/(\d+)(?:/|$)")
 
@@ -41,8 +42,8 @@ class Window:
 
     @classmethod
     def of(cls, days: float) -> Window:
-        if days < 0:
-            raise ValueError("older-than: must be 0 days or more")
+        if not 0 <= days <= MAX_DAYS:  # nan and inf too
+            raise ValueError(f"older-than: must be a number of days from 0 to {MAX_DAYS}")
         now = timezone.now()
         before = now - timedelta(days=days)
         replay = now - timedelta(days=settings.LOOP_RECEIPT_REPLAY_DAYS)

@@ -29,14 +29,31 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if high is not None else f"{low} or more"
+        raise ImproperlyConfigured(f"{name} must be {bounds}, not {raw!r}")
+    return value
+
+
+def env_float(name: str, default: float, *, low: float, high: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}") from None
+    if not low <= value <= high:  # nan and inf too
+        raise ImproperlyConfigured(f"{name} must be between {low:g} and {high:g}, not {raw!r}")
+    return value
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -132,7 +149,7 @@ def database_from_url(url: str | None) -> dict[str, Any]:
             # BEGIN IMMEDIATE: a transaction takes the write lock up front, so a
             # read-then-write inside it never fails half-way on an upgrade.
             "transaction_mode": "IMMEDIATE",
-            "timeout": env_int("LOOP_SQLITE_BUSY_TIMEOUT", 30),
+            "timeout": env_int("LOOP_SQLITE_BUSY_TIMEOUT", 30, low=1),
         }
         # A SQLite connection is a file handle with nothing to go stale: keep it, instead
         # of reopening it (and re-running the PRAGMAs) for every request and every tick.
@@ -190,10 +207,10 @@ CACHES: dict[str, dict[str, Any]] = {
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "throttle"}
     ),
 }
-PIPPA_THROTTLE_SECONDS = env_int("PIPPA_THROTTLE_SECONDS", 15 * 60)
-PIPPA_LOGIN_LIMIT = env_int("PIPPA_LOGIN_LIMIT", 5)  # per (username, client address)
-PIPPA_LOGIN_IP_LIMIT = env_int("PIPPA_LOGIN_IP_LIMIT", 20)  # per client address
-PIPPA_TOKEN_IP_LIMIT = env_int("PIPPA_TOKEN_IP_LIMIT", 20)  # wrong agent tokens per address
+PIPPA_THROTTLE_SECONDS = env_int("PIPPA_THROTTLE_SECONDS", 15 * 60, low=1)
+PIPPA_LOGIN_LIMIT = env_int("PIPPA_LOGIN_LIMIT", 5, low=1)  # per (username, client address)
+PIPPA_LOGIN_IP_LIMIT = env_int("PIPPA_LOGIN_IP_LIMIT", 20, low=1)  # per client address
+PIPPA_TOKEN_IP_LIMIT = env_int("PIPPA_TOKEN_IP_LIMIT", 20, low=1)  # wrong agent tokens per address
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -233,7 +250,7 @@ CONTENT_SECURITY_POLICY = os.environ.get("CONTENT_SECURITY_POLICY", "")
 # where a Secure cookie would never be sent back and HSTS would pin the browser to https.
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, low=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes may speak plain http inside the network
@@ -247,26 +264,26 @@ if _proxy_header:
 if os.environ.get("EMAIL_HOST"):
     EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     EMAIL_HOST = os.environ["EMAIL_HOST"]
-    EMAIL_PORT = env_int("EMAIL_PORT", 25)
+    EMAIL_PORT = env_int("EMAIL_PORT", 25, low=1, high=65535)
     EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
     EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
     EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-    EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 30)
+    EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 30, low=1)
 else:
     EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
     EMAIL_FILE_PATH = str(DATA_DIR / "mail")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "pippa@localhost")
 
 # The loop (DESIGN.md).
-LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5)
-LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60)
+LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5, low=1)
+LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60, low=1)
 # An API agent's lease from `next`, `renew` (DESIGN.md §8); it keeps its task this long after
 # its last claim or renewal unless it lets go first.
-LOOP_AGENT_LEASE_SECONDS = env_int("LOOP_AGENT_LEASE_SECONDS", LOOP_STEP_TIMEOUT)
-LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30)
+LOOP_AGENT_LEASE_SECONDS = env_int("LOOP_AGENT_LEASE_SECONDS", LOOP_STEP_TIMEOUT, low=1)
+LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30, low=1)
 # A worker runs a task's next step in the commit of the last one's verdict for up to this long,
 # then lets the lease go so other tasks get a turn.
-LOOP_CHAIN_SECONDS = float(os.environ.get("LOOP_CHAIN_SECONDS", "1"))
+LOOP_CHAIN_SECONDS = env_float("LOOP_CHAIN_SECONDS", 1, low=0, high=3600)
 # A worker moves up to this many tasks a step each per commit. 1 runs one step at a time.
 LOOP_BATCH = env_int("LOOP_BATCH", 8)
 if not 1 <= LOOP_BATCH <= 256:
@@ -280,40 +297,42 @@ if not 1 <= LOOP_BATCH_EFFECTS <= 256:
 # Turn this off behind a pooler that shares server connections between clients per
 # transaction and keeps no prepared statements (PgBouncer before 1.21 in transaction mode).
 LOOP_PG_PREPARE = env_bool("LOOP_PG_PREPARE", True)
-LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5)
+LOOP_HEARTBEAT_SECONDS = env_int("LOOP_HEARTBEAT_SECONDS", 5, low=1)
 # A worker on another host is dead once its heartbeat is this old: about two missed beats (one
 # on this host is dead as soon as its pid is gone). Live workers look for the dead every
 # LOOP_REAP_SECONDS and settle them as boot does (§9), so their tasks move on at once.
-LOOP_WORKER_DEAD_AFTER = env_int("LOOP_WORKER_DEAD_AFTER", max(10, 2 * LOOP_HEARTBEAT_SECONDS))
+LOOP_WORKER_DEAD_AFTER = env_int(
+    "LOOP_WORKER_DEAD_AFTER", max(10, 2 * LOOP_HEARTBEAT_SECONDS), low=1
+)
 # (Each look is one indexed read of the live workers' rows; a write only when one is dead.)
-LOOP_REAP_SECONDS = float(os.environ.get("LOOP_REAP_SECONDS", "0.5"))
+LOOP_REAP_SECONDS = env_float("LOOP_REAP_SECONDS", 0.5, low=0.05, high=3600)
 # The host name a worker records and compares (a test or bench pretends to be another host).
 LOOP_WORKER_HOST = os.environ.get("LOOP_WORKER_HOST", "")
-LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200)
+LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200, low=1)
 # Retention (`manage.py prune`): with a number of days, each worker's heartbeat thread deletes
 # one small batch of finished tasks' history older than that every LOOP_PRUNE_EVERY_SECONDS.
 # Off (0) by default: the journal is the person's record, and deleting it is their choice.
-LOOP_PRUNE_AFTER_DAYS = float(os.environ.get("LOOP_PRUNE_AFTER_DAYS", "0"))
-LOOP_PRUNE_EVERY_SECONDS = env_int("LOOP_PRUNE_EVERY_SECONDS", 10)
+LOOP_PRUNE_AFTER_DAYS = env_float("LOOP_PRUNE_AFTER_DAYS", 0, low=0, high=36500)
+LOOP_PRUNE_EVERY_SECONDS = env_int("LOOP_PRUNE_EVERY_SECONDS", 10, low=1)
 # An API command id replays its stored answer for at least this long; prune keeps it till then.
-LOOP_RECEIPT_REPLAY_DAYS = float(os.environ.get("LOOP_RECEIPT_REPLAY_DAYS", "30"))
-LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2)
-LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300)
+LOOP_RECEIPT_REPLAY_DAYS = env_float("LOOP_RECEIPT_REPLAY_DAYS", 30, low=0, high=36500)
+LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2, low=0)
+LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300, low=0)
 LOOP_CONFIRM_SIDE_EFFECTS = env_bool("LOOP_CONFIRM_SIDE_EFFECTS", False)
 LOOP_RESUME_UNSENT = os.environ.get("LOOP_RESUME_UNSENT", "scheduled")
 if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
     raise ImproperlyConfigured("LOOP_RESUME_UNSENT must be 'scheduled' or 'always'")
-LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64)
+LOOP_MIN_FREE_MB = env_int("LOOP_MIN_FREE_MB", 64, low=0)
 # How often each server process's live tailer looks for new journal events.
-LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25)
+LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25, low=1)
 # On PostgreSQL the tailer waits for the journal's NOTIFY; it still looks this often, in case
 # its listening connection was lost and a notice with it.
-LOOP_LIVE_PG_POLL_MS = env_int("LOOP_LIVE_PG_POLL_MS", 2000)
+LOOP_LIVE_PG_POLL_MS = env_int("LOOP_LIVE_PG_POLL_MS", 2000, low=1)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
 LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
-LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30)
+LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30, low=1)
 # Where http.post/put may ask "do you know this Idempotency-Key?" (a probe); {key} is filled in.
 LOOP_HTTP_PROBE_URL = os.environ.get("LOOP_HTTP_PROBE_URL", "")
 # URL prefixes of receivers that deduplicate on Idempotency-Key: POST/PUT there are safe to
@@ -332,16 +351,16 @@ except ValueError as _exc:
 LOOP_LLM_BASE_URL = os.environ.get("LOOP_LLM_BASE_URL", "")
 LOOP_LLM_MODEL = os.environ.get("LOOP_LLM_MODEL", "pippa")
 LOOP_LLM_API_KEY = os.environ.get("LOOP_LLM_API_KEY", "none")
-LOOP_LLM_MAX_TURNS = env_int("LOOP_LLM_MAX_TURNS", 12)  # model requests in one tick
-LOOP_LLM_TIMEOUT_SECONDS = float(os.environ.get("LOOP_LLM_TIMEOUT_SECONDS", "60"))
+LOOP_LLM_MAX_TURNS = env_int("LOOP_LLM_MAX_TURNS", 12, low=1)  # model requests in one tick
+LOOP_LLM_TIMEOUT_SECONDS = env_float("LOOP_LLM_TIMEOUT_SECONDS", 60, low=0.1, high=3600)
 # Tool results and earlier outputs shown to the model are cut to this, with a note.
-LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000)
+LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000, low=1)
 # How long a tick keeps retrying an endpoint that is down before it parks the worker.
-LOOP_LLM_RETRY_SECONDS = float(os.environ.get("LOOP_LLM_RETRY_SECONDS", "60"))
+LOOP_LLM_RETRY_SECONDS = env_float("LOOP_LLM_RETRY_SECONDS", 60, low=0, high=86400)
 # A task from a goal: Pippa's plan waits for Dad's one-click approval before its first step.
 LOOP_CONFIRM_PLANS = env_bool("LOOP_CONFIRM_PLANS", False)
-LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024)
-LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32)
+LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024, low=1)
+LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32, low=1)
 
 LOGGING = {
     "version": 1,

@@ -126,6 +126,16 @@ def test_receipts_inside_their_replay_window_or_of_an_open_task_stay(
     assert deleted["receipts"] == 2
 
 
+@pytest.mark.parametrize("days", ["-1", "nan", "inf", "1e308", "36501"])
+def test_a_window_that_is_no_number_of_days_is_refused_by_name(db: None, days: str) -> None:
+    from django.core.management.base import CommandError
+
+    make_task(step("a"))
+    with pytest.raises(CommandError, match="older-than: must be a number of days from 0 to"):
+        call_command("prune", "--older-than", days)
+    assert Task.objects.count() == 1
+
+
 def test_each_batch_is_small_and_committed_before_the_next(
     transactional_db: None, file_root: Path
 ) -> None:
