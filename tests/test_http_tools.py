@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,18 @@ def canned(answer: Answer, tls: ssl.SSLContext | None = None) -> Iterator[tuple[
             finally:
                 conn.close()
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     try:
         yield listener.getsockname()[1], requests
     finally:
+        # Wake the accept first, then close. Closed under a blocked accept, the number of the
+        # listening socket was given to the next test's server while this thread's accept,
+        # restarted after a signal, waited on that number: it took the next test's request
+        # (a model server's, in tests/test_model_judge.py) and left its server hanging.
+        with suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        server.join(timeout=10)
         listener.close()
 
 
