@@ -492,20 +492,28 @@ def _col(model: type[Model], name: str) -> str:
 
 
 @cache
-def _claim_free_sql(vendor: str, count: int) -> tuple[str, int, int]:
-    t, pk, epoch = _q(Task._meta.db_table), _col(Task, "id"), _col(Task, "lease_epoch")
+def _claimable_in_order(vendor: str) -> tuple[str, int]:
+    """`WHERE … ORDER BY …` of the tasks claimable at a time (its parameter, that many
+    times): `models.CLAIMABLE_TASK` with the states as literals, `claimable_at`, and
+    CLAIM_ORDER, the order of the index task_claim. The claim and the look before it share it."""
     states = _literal(Task, CLAIMABLE_TASK, vendor)
     claimable, n_claimable = _timed(Task, claimable_at, vendor)
-    free, n_free = _timed(Task, lease_free_at, vendor)
     order = ", ".join(_col(Task, name) for name in CLAIM_ORDER)
+    return f"WHERE {states} AND {claimable} ORDER BY {order}", n_claimable
+
+
+@cache
+def _claim_free_sql(vendor: str, count: int) -> tuple[str, int, int]:
+    t, pk, epoch = _q(Task._meta.db_table), _col(Task, "id"), _col(Task, "lease_epoch")
+    claimable, n_claimable = _claimable_in_order(vendor)
+    free, n_free = _timed(Task, lease_free_at, vendor)
     skip_locked = (
         " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     )
     sql = (
         f"UPDATE {t} SET {_col(Task, 'lease_owner')} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
         f"{epoch} = {epoch} + 1 WHERE {pk} IN (SELECT {pk} FROM {t} "
-        f"WHERE {states} AND {claimable} ORDER BY {order} LIMIT {int(count)}"
-        f"{skip_locked}) AND {free} RETURNING {pk}, {epoch}"
+        f"{claimable} LIMIT {int(count)}{skip_locked}) AND {free} RETURNING {pk}, {epoch}"
     )
     return sql, n_claimable, n_free
 
@@ -537,14 +545,8 @@ def claim_free_tasks(
 
 @cache
 def _any_claimable_sql(vendor: str) -> tuple[str, int]:
-    t = _q(Task._meta.db_table)
-    states = _literal(Task, CLAIMABLE_TASK, vendor)
-    claimable, n_claimable = _timed(Task, claimable_at, vendor)
-    order = ", ".join(_col(Task, name) for name in CLAIM_ORDER)
-    return (
-        f"SELECT 1 FROM {t} WHERE {states} AND {claimable} ORDER BY {order} LIMIT 1",  # noqa: S608
-        n_claimable,
-    )
+    claimable, n_claimable = _claimable_in_order(vendor)
+    return f"SELECT 1 FROM {_q(Task._meta.db_table)} {claimable} LIMIT 1", n_claimable  # noqa: S608
 
 
 def any_claimable(*, now: datetime) -> bool:

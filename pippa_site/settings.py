@@ -29,31 +29,31 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
 
 
-def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+def _env_number(
+    name: str, default: float, parse: type, kind: str, low: float | None, high: float | None
+) -> Any:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from None
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if high is not None else f"{low} or more"
+        raise ImproperlyConfigured(f"{name} must be {kind}, not {raw!r}") from None
+    if not (low is None or low <= value) or not (high is None or value <= high):  # nan too
+        if low is not None and high is not None:
+            bounds = f"between {low:g} and {high:g}"
+        else:
+            bounds = f"{low:g} or more" if low is not None else f"{high:g} or less"
         raise ImproperlyConfigured(f"{name} must be {bounds}, not {raw!r}")
     return value
 
 
+def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    return int(_env_number(name, default, int, "a whole number", low, high))
+
+
 def env_float(name: str, default: float, *, low: float, high: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}") from None
-    if not low <= value <= high:  # nan and inf too
-        raise ImproperlyConfigured(f"{name} must be between {low:g} and {high:g}, not {raw!r}")
-    return value
+    return float(_env_number(name, default, float, "a number", low, high))
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -285,14 +285,10 @@ LOOP_LEASE_SECONDS = env_int("LOOP_LEASE_SECONDS", 30, low=1)
 # then lets the lease go so other tasks get a turn.
 LOOP_CHAIN_SECONDS = env_float("LOOP_CHAIN_SECONDS", 1, low=0, high=3600)
 # A worker moves up to this many tasks a step each per commit. 1 runs one step at a time.
-LOOP_BATCH = env_int("LOOP_BATCH", 8)
-if not 1 <= LOOP_BATCH <= 256:
-    raise ImproperlyConfigured("LOOP_BATCH must be between 1 and 256")
+LOOP_BATCH = env_int("LOOP_BATCH", 8, low=1, high=256)
 # Side-effect steps a worker performs at once (at most LOOP_BATCH), sharing the outbox's
 # commits; of them at most one whose cut would ask a person (loop/step_life.py, ASKING_AT_ONCE).
-LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8)
-if not 1 <= LOOP_BATCH_EFFECTS <= 256:
-    raise ImproperlyConfigured("LOOP_BATCH_EFFECTS must be between 1 and 256")
+LOOP_BATCH_EFFECTS = env_int("LOOP_BATCH_EFFECTS", 8, low=1, high=256)
 # On PostgreSQL the loop's hot statements are prepared once per connection (loop/sql.py).
 # Turn this off behind a pooler that shares server connections between clients per
 # transaction and keeps no prepared statements (PgBouncer before 1.21 in transaction mode).
