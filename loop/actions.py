@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, goals, journal, open_steps, plans, questions, sql
+from . import calls, goals, journal, open_steps, permissions, plans, questions, sql
 from .models import (
+    AgentToken,
     EffectState,
     EventKind,
     Origin,
@@ -26,6 +26,7 @@ from .models import (
     StepState,
     Task,
     TaskState,
+    Writer,
 )
 from .permissions import Who, require
 from .states import IllegalTransition
@@ -85,7 +86,7 @@ def _follow_plan(task: Task, *, actor: str) -> None:
         move_task(task, "fail", actor=actor, data={"reason": "the planning step failed"})
     elif not task.steps.exclude(key=goals.PLAN_KEY).exists():
         move_task(task, "fail", actor=actor, data={"reason": goals.NO_PLAN})
-    elif settings.LOOP_CONFIRM_PLANS:
+    elif Step.objects.filter(task_id=task.pk, proposed=True).exists():
         move_task(task, "propose", actor=actor, data={"reason": goals.WAITING})
     else:
         move_task(task, "start", actor=actor, data={"reason": "planned"})
@@ -123,9 +124,11 @@ def create_task(
     run: ScheduleRun | None = None,
 ) -> Task:
     """A task in `planning` with its steps, then `running`: one commit. A schedule's `run`
-    gives the task its origin message (the run's `[SCHEDULED TASK]` message)."""
+    gives the task its origin message (the run's `[SCHEDULED TASK]` message), and its steps
+    are the schedule's template, as Dad wrote it. A plan by Pippa or an agent that needs a
+    person's approval (`goals.needs_approval`) waits for it, paused, instead of running."""
     require(user, "create a task", actor=actor)
-    return _create(plan, actor, origin=origin, run=run)
+    return _create(plan, actor, user, origin=origin, run=run)
 
 
 def create_task_from_goal(
@@ -133,20 +136,26 @@ def create_task_from_goal(
 ) -> Task:
     """A task Pippa plans (DESIGN.md §12): created in `planning`, with the goal as its
     instructions and one step, the planning step (`goals.plan_for`), which a worker's claim
-    takes like a running task's next step; it writes the plan with add_steps. PlanError
-    naming `goal` or `title`, or LOOP_LLM_BASE_URL without a model; nothing is created then."""
+    takes like a running task's next step; it writes the plan with add_steps (as Pippa: a
+    proposal, DESIGN.md §5). PlanError naming `goal` or `title`, or LOOP_LLM_BASE_URL without
+    a model; nothing is created then."""
     require(user, "create a task", actor=actor)
-    return _create(goals.plan_for(goal, title=title), actor, origin=origin, start=False)
+    return _create(goals.plan_for(goal, title=title), actor, user, origin=origin, start=False)
 
 
 def _create(
     plan: plans.PlanSpec,
     actor: str,
+    user: Who,
     *,
     origin: Origin = Origin.PLAN,
     run: ScheduleRun | None = None,
     start: bool = True,
 ) -> Task:
+    writer, written_by = permissions.author(user, actor)
+    if run is not None:
+        writer, written_by = Writer.SCHEDULE, run.schedule.name
+    waits = start and goals.needs_approval(writer, plan.steps)
     with transaction.atomic():
         task = Task.objects.create(
             title=plan.title,
@@ -155,6 +164,7 @@ def _create(
             origin=origin,
             origin_run=run,
             origin_message_id=run.message_id if run else None,
+            driver=written_by if writer == Writer.AGENT else "",
         )
         planned: dict[str, Any] = {} if start else {"goal": plan.instructions}
         journal.record(
@@ -165,16 +175,27 @@ def _create(
             origin=origin,
             **planned,
         )
-        _insert_steps(task, plan.steps, at=0, actor=actor)
-        if start:
+        _insert_steps(task, plan.steps, at=0, actor=actor, by=(writer, written_by), proposed=waits)
+        if waits:
+            move_task(task, "propose", actor=actor, data={"reason": goals.WAITING})
+        elif start:
             move_task(task, "start", actor=actor)
     return task
 
 
-def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: str) -> list[Step]:
-    """The steps in multi-row INSERTs of `sql.ROWS_AT_ONCE` rows, their ids read back with
-    one statement by (task, position) (index step_position_unique): a 10,000-step plan is 21
-    statements, not 10,000."""
+def _insert_steps(
+    task: Task,
+    specs: list[plans.StepSpec],
+    *,
+    at: int,
+    actor: str,
+    by: tuple[Writer, str],
+    proposed: bool = False,
+) -> list[Step]:
+    """The steps, written by `by` (writer, name) and `proposed` or not, in multi-row INSERTs of
+    `sql.ROWS_AT_ONCE` rows, their ids read back with one statement by (task, position)
+    (index step_position_unique): a 10,000-step plan is 21 statements, not 10,000."""
+    writer, written_by = by
     created = [
         Step(
             task=task,
@@ -189,6 +210,9 @@ def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: st
             judge=spec.judge,
             instructions=spec.instructions,
             tools=list(spec.tools),
+            writer=writer,
+            written_by=written_by[:200],
+            proposed=proposed,
         )
         for index, spec in enumerate(specs)
     ]
@@ -201,7 +225,13 @@ def _insert_steps(task: Task, specs: list[plans.StepSpec], *, at: int, actor: st
     for step in created:
         step.pk = ids[step.position]
     journal.record(
-        EventKind.STEPS_ADDED, task=task, actor=actor, keys=[s.key for s in created], at=at
+        EventKind.STEPS_ADDED,
+        task=task,
+        actor=actor,
+        keys=[s.key for s in created],
+        at=at,
+        written_by={"kind": writer, "name": written_by},
+        proposed=proposed,
     )
     return created
 
@@ -210,8 +240,11 @@ def add_steps(
     *, task_id: int, steps: Any, after: str | None = None, actor: str, user: Who
 ) -> list[Step]:
     """Add steps after the step with key `after` (default: at the end). Only pending steps
-    move. A task paused by a failed step takes the new steps as its replacement and runs on."""
+    move. A task paused by a failed step takes the new steps as its replacement and runs on.
+    Steps from Pippa or an agent that need a person's approval (`goals.needs_approval`) are a
+    proposal: the task waits for it, paused (a goal's plan, once its planning step is done)."""
     require(user, "add steps", actor=actor, task_id=task_id)
+    by = permissions.author(user, actor)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.ended:
@@ -234,13 +267,16 @@ def add_steps(
         clash = sorted(keys & {s.key for s in specs})
         if clash:
             raise plans.PlanError([f"step '{k}': key is already in this task" for k in clash])
+        waits = goals.needs_approval(by[0], specs)
         _shift(task, at, len(specs))
-        created = _insert_steps(task, specs, at=at, actor=actor)
-        if task.state == TaskState.PAUSED and _waive_failed(task, actor=actor):
-            move_task(task, "resume", actor=actor, data={"reason": "replacement steps added"})
-        elif task.state == TaskState.PAUSED:
-            pass
-        else:
+        created = _insert_steps(task, specs, at=at, actor=actor, by=by, proposed=waits)
+        if waits:
+            if task.state in (TaskState.RUNNING, TaskState.BLOCKED) and not goals.planning(task):
+                move_task(task, "pause", actor=actor, data={"reason": goals.CHANGED})
+        elif task.state == TaskState.PAUSED and not goals.waits_for_approval(task):
+            if _waive_failed(task, actor=actor):
+                move_task(task, "resume", actor=actor, data={"reason": "replacement steps added"})
+        elif task.state != TaskState.PAUSED:
             follow(task, actor=actor)
     return created
 
@@ -294,15 +330,78 @@ def resume(*, task_id: int, actor: str, user: Who) -> Task:
 
 
 def approve_plan(*, task_id: int, actor: str, user: Who) -> Task:
-    """Dad's one click under LOOP_CONFIRM_PLANS: the plan Pippa wrote runs (paused →
-    running, journaled "plan approved"). Refused unless the task waits for that approval."""
+    """A person's one click on a proposal by Pippa or an agent (DESIGN.md §5): its steps are
+    approved, and each side-effect call among them authorized exactly as the card showed it
+    (its digest, `loop.calls`; an edit after this clears it); the task runs on (a failed step
+    the proposal replaces is waived). Journaled `plan_approved` with those calls. Refused
+    unless the task waits for an approval."""
     require(user, "approve a plan", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
         if not goals.waits_for_approval(task):
             raise Refused(f"task {task.pk} is {task.state}: no plan of it waits for approval")
+        steps = goals.proposal(task)
+        authorized = {}
+        for step in steps:
+            fields: dict[str, Any] = {"proposed": False}
+            if step.side_effect and step.judge == "tool":
+                fields |= {"authorized_by": actor, "authorized_call": calls.of(step)}
+                authorized[step.key] = fields["authorized_call"]
+            Step.objects.filter(pk=step.pk, proposed=True).update(**fields)
+        journal.record(
+            EventKind.PLAN_APPROVED,
+            task=task,
+            actor=actor,
+            keys=[s.key for s in steps],
+            calls=authorized,
+        )
         _move(task, "resume", actor, reason=goals.APPROVED)
+        _waive_failed(task, actor=actor)
         follow(task, actor=actor)
+    return task
+
+
+def decline_plan(*, task_id: int, actor: str, user: Who, note: str = "") -> Task:
+    """A person declines a proposal: its steps fail (waived: the task does not fail for them),
+    journaled `plan_declined`. A goal's plan declined fails its task; any other task runs on
+    without them, unless a failed step still waits for a replacement."""
+    require(user, "approve a plan", actor=actor, task_id=task_id)
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        if not goals.waits_for_approval(task):
+            raise Refused(f"task {task.pk} is {task.state}: no plan of it waits for approval")
+        steps = goals.proposal(task)
+        error = f"declined by {actor}" + (f": {note}" if note else "")
+        for step in steps:
+            move_step(
+                step,
+                "decline",
+                kind=EventKind.STEP_FAILED,
+                actor=actor,
+                fields={"error": error, "finished_at": timezone.now(), "proposed": False},
+            )
+            Step.objects.filter(pk=step.pk).update(waived=True)
+        journal.record(
+            EventKind.PLAN_DECLINED, task=task, actor=actor, keys=[s.key for s in steps], note=note
+        )
+        if goals.came_from_planning(task):
+            _move(task, "fail", actor, reason=goals.DECLINED)
+        elif not open_steps.has_unwaived_failure(task.pk):
+            _move(task, "resume", actor, reason=goals.DECLINED)
+            follow(task, actor=actor)
+    return task
+
+
+def give(*, task_id: int, agent: str, actor: str, user: Who) -> Task:
+    """A person lets the agent `agent` drive the task over the API ("" takes it back)."""
+    require(user, "give a task", actor=actor, task_id=task_id)
+    if agent and not AgentToken.objects.filter(name=agent, revoked=False).exists():
+        raise Refused(f"agent: no live agent token named '{agent}'")
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)
+        Task.objects.filter(pk=task.pk).update(driver=agent)
+        task.driver = agent
+        journal.record(EventKind.TASK_GIVEN, task=task, actor=actor, agent=agent)
     return task
 
 
@@ -316,7 +415,7 @@ def supersede(
         task = Task.objects.select_for_update().get(pk=task_id)
         if task.ended:
             raise Refused(f"can't supersede when the task is {task.state}")
-        successor = _create(plan, actor, origin=origin)
+        successor = _create(plan, actor, user, origin=origin)
         _move(task, "supersede", actor, fields={"successor": successor}, successor=successor.pk)
     return successor
 

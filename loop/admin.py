@@ -163,15 +163,21 @@ class StepInline(admin.TabularInline):
         "state",
         "attempts",
         "error",
+        "written",
         "read_only",
         "seen_state",
     )
-    readonly_fields = ("state", "attempts", "error", "read_only")
+    readonly_fields = ("state", "attempts", "error", "written", "read_only")
     show_change_link = False
 
     @admin.display(description="read-only because")
     def read_only(self, step: Step) -> str:
         return why_read_only(step)
+
+    @admin.display(description="written by")
+    def written(self, step: Step) -> str:
+        proposed = " (proposed: waits for approval)" if step.proposed else ""
+        return f"{step.get_writer_display()} {step.written_by}{proposed}"
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # new steps come through "add steps" (dashboard, API), never half-made here
@@ -214,6 +220,7 @@ class TaskAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "created_by",
+        "driver",
         "successor",
         "run_after",
         "lease_owner",

@@ -8,18 +8,16 @@ the call clears it; and the call of a step with an effect beyond `pending` can't
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from django.db.models import Q
+
 from . import journal, questions, transcript
+from .effects import call_digest as digest
 from .effects import canonical
 from .models import Effect, EffectState, EventKind, Step
 
 CALL_FIELDS = ("tool", "args")
-
-
-def digest(tool: str, args: Any) -> str:
-    return hashlib.sha256(f"{tool}\0{canonical(args)}".encode()).hexdigest()
 
 
 def of(step: Step) -> str:
@@ -39,19 +37,23 @@ def changes_call(step: Step, fields: dict[str, Any]) -> bool:
 
 
 def why_fixed(step: Step) -> str:
-    """Why the step's call can't change ("" if it can): it has an effect beyond `pending` —
-    sent, answered from a receipt, settled by a person, uncertain — whose request it was."""
+    """Why the step's call can't change ("" if it can): it has an effect that went beyond a
+    first intent — sent, answered from a receipt, uncertain, or settled by a person (one put
+    back to `pending` by "It did not — do it" was claimed before) — whose request it was."""
     effect = (
         Effect.objects.filter(step_id=step.pk)
-        .exclude(state=EffectState.PENDING)
+        .filter(~Q(state=EffectState.PENDING) | Q(sends__gt=0))
         .order_by("created_at", "id")
         .first()
     )
     if effect is None:
         return ""
+    state = str(effect.state)
+    if effect.state == EffectState.PENDING:
+        state = "pending again after a person said it did not happen; it was sent before"
     return (
         f"step '{step.key}': its call can't change: effect {effect.pk[:8]}… ({effect.tool}) "
-        f"is {effect.state}; a different request is a new step"
+        f"is {state}; a different request is a new step"
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from . import journal
-from .models import AuthorKind, EventKind, Message
+from .models import AuthorKind, EventKind, Message, Step, Task, Writer
 from .permissions import Who, require
 
 MAX_TEXT = 10_000
@@ -48,6 +48,18 @@ def _in_commit_order() -> None:
 def latest_id() -> int | None:
     """The id of the conversation's latest message: one lookup on the primary key's index."""
     return Message.objects.order_by("-id").values_list("id", flat=True).first()
+
+
+def standing(task: Task, step: Step) -> bool:
+    """A standing authorization (§10) covers the step: it is of its schedule's template, as Dad
+    wrote it (never one added since by Pippa or an agent), and the task was created by a
+    schedule's run whose message is still the conversation's latest. Asked only when a step
+    would ask "May I do this?" (one lookup on the messages' primary key)."""
+    return (
+        step.writer == Writer.SCHEDULE
+        and task.origin_message_id is not None
+        and task.origin_message_id == latest_id()
+    )
 
 
 def message_dict(message: Message) -> dict[str, Any]:

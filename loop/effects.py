@@ -35,7 +35,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import journal, lease, sql
+from . import installation, journal, lease, sql
 from .models import Effect, EffectState, EventKind, Step
 from .outcomes import (
     Busy,
@@ -67,27 +67,59 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def effect_id(step: Step, tool_name: str, request: dict[str, Any], key: str | None = None) -> str:
-    if key:
-        return key if len(key) <= 64 else hashlib.sha256(key.encode()).hexdigest()
-    material = f"{step.pk}\0{tool_name}\0{canonical(request)}"
+def call_digest(tool_name: str, args: Any) -> str:
+    """A call — its tool and its canonical arguments — as a digest: what an authorization
+    covers (`loop.calls`) and what makes two calls of a step the same effect."""
+    return hashlib.sha256(f"{tool_name}\0{canonical(args)}".encode()).hexdigest()
+
+
+def effect_id(step: Step, tool_name: str, request: dict[str, Any], again: int = 0) -> str:
+    """The effect's id (DESIGN.md §6): a digest of the installation's secret, the step, the
+    call and `again` (how many times a person allowed this exact call once more). The same
+    call made again in its step — after a cut, in a later turn or attempt, under another
+    caller's key — is the same effect; two databases never share one."""
+    call = call_digest(tool_name, request)
+    material = f"{installation.secret()}\0{step.pk}\0{call}\0{again}"
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
 class Request:
     """One side-effect call, as its caller (a judge, an agent) asks for it: who holds the
-    step's task, the step, the tool and its arguments (and the caller's idempotency key)."""
+    step's task, the step, the tool and its arguments; the caller's own idempotency key (an
+    alias of the effect, bound to this request: `key_taken`), and which time a person allowed
+    this exact call (`again`, 0 for the first)."""
 
     holder: Holder
     step: Step
     tool: Tool
     args: dict[str, Any]
     key: str | None = None
+    again: int = 0
+
+    @cached_property
+    def call(self) -> str:
+        return call_digest(self.tool.name, self.args)
 
     @cached_property
     def effect_id(self) -> str:
-        return effect_id(self.step, self.tool.name, self.args, self.key)
+        return effect_id(self.step, self.tool.name, self.args, self.again)
+
+
+def latest_of_call(step: Step, tool_name: str, args: dict[str, Any]) -> Effect | None:
+    """The step's latest effect of exactly this call (the highest `again`), or None: what a
+    call made again in its step is answered from."""
+    return (
+        Effect.objects.filter(step_id=step.pk, call=call_digest(tool_name, args))
+        .order_by("-again")
+        .first()
+    )
+
+
+def key_taken(step: Step, key: str, effect_id: str) -> Effect | None:
+    """The effect of this step that a caller's `key` already names for another request (the
+    key is scoped to its step and bound to one request: another request under it is refused)."""
+    return Effect.objects.filter(step_id=step.pk, key=key).exclude(pk=effect_id).first()
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,7 +198,7 @@ def intend_all(requests: Sequence[Request]) -> list[Intent]:
     intents: dict[Request, Effect | Outcome] = {}
     new = []
     for request in requests:
-        effect = found.get(request.effect_id)
+        effect = found.get(request.effect_id) or _earlier(request)
         if effect is None:
             new.append(request)
             continue
@@ -190,11 +222,25 @@ def intend_all(requests: Sequence[Request]) -> list[Intent]:
     return [Intent(r, intents[r]) for r in requests]
 
 
+def _earlier(request: Request) -> Effect | None:
+    """A re-entered step's effect of this call recorded under an id of another form (one an
+    older version wrote): the same call in its step is the same effect, whatever its id. Only
+    asked on re-entry, where an earlier attempt may have made it."""
+    if request.step.attempts <= 1:
+        return None
+    return Effect.objects.filter(
+        step_id=request.step.pk, call=request.call, again=request.again
+    ).first()
+
+
 def _intent(request: Request) -> dict[str, Any]:
     """The row of the effect's intent, `pending`."""
     target, summary = request.tool.summary(request.args)
     return {
         "id": request.effect_id,
+        "call": request.call,
+        "again": request.again,
+        "key": request.key or "",
         "task_id": request.step.task_id,
         "step_id": request.step.pk,
         "tool": request.tool.name,

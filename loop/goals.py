@@ -1,7 +1,15 @@
 """A task from a goal in words (DESIGN.md §12, "Pippa plans, too"): the plan it starts with
 (one planning step that the model judge performs), and where a goal's task stands while Pippa
 plans it. `actions.create_task_from_goal` creates it; `actions.follow` moves it on when the
-planning step ends; `actions.approve_plan` is Dad's one click under LOOP_CONFIRM_PLANS.
+planning step ends.
+
+And proposals (DESIGN.md §5, "Who wrote it"): steps written by Pippa or an agent — a plan, a
+goal's plan, a revision by `add_steps` — wait for a person's approval when LOOP_CONFIRM_PLANS
+says so (`needs_approval`): they are written `proposed`, and their task waits, paused, until a
+person approves (`actions.approve_plan`: each side-effect call authorized as shown) or declines
+(`actions.decline_plan`). Whatever the setting said, a side-effect step that no person wrote
+never starts its first run unless a person's answer covers its exact call (`unasked`, the
+guard's floor), except under `never`.
 
 Nothing here writes.
 """
@@ -13,12 +21,14 @@ from typing import Any
 from django.conf import settings
 
 from . import plans
-from .models import Event, EventKind, Task, TaskState
+from .models import PERSON_WRITERS, Event, EventKind, Step, Task, TaskState, Writer
 
 GOAL_CHARS = 4000  # a goal is words for the model, not a document
 PLAN_KEY = "plan"  # the planning step's key: no step the model adds may take it
 WAITING = "waiting for Dad to approve the plan"
+CHANGED = "the plan changed: waiting for Dad to approve what was added"
 APPROVED = "plan approved"
+DECLINED = "plan declined"
 NO_PLAN = "Pippa wrote no plan"
 
 # The planning step's instructions, shown verbatim in its briefing (after the goal, and
@@ -94,9 +104,45 @@ def came_from_planning(task: Task) -> bool:
     return isinstance(latest, dict) and latest.get("old") == TaskState.PLANNING
 
 
+def needs_approval(writer: str, steps: list[plans.StepSpec]) -> bool:
+    """Whether steps written by `writer` wait for a person's approval (LOOP_CONFIRM_PLANS):
+    never a person's; Pippa's and an agent's when they hold a side effect (`side_effects`),
+    always (`always`), or never (`never`)."""
+    if writer in PERSON_WRITERS or not steps:
+        return False
+    mode = settings.LOOP_CONFIRM_PLANS
+    return mode == "always" or (mode == "side_effects" and any(s.side_effect for s in steps))
+
+
+def unasked(step: Step) -> bool:
+    """The floor (DESIGN.md §5): a side-effect step no person wrote, whose calls need a
+    person's answer covering each exactly (unless LOOP_CONFIRM_PLANS is `never`)."""
+    return (
+        step.side_effect
+        and step.writer not in PERSON_WRITERS
+        and settings.LOOP_CONFIRM_PLANS != "never"
+    )
+
+
+def proposal(task: Task) -> list[Step]:
+    """The task's steps waiting for a person's approval, in plan order (index step_proposed)."""
+    return list(Step.objects.filter(task_id=task.pk, proposed=True).order_by("position"))
+
+
 def waits_for_approval(task: Task) -> bool:
-    """Paused by LOOP_CONFIRM_PLANS: Pippa's plan waits for Dad's approval."""
-    return task.state == TaskState.PAUSED and came_from_planning(task)
+    """Paused with a proposal by Pippa or an agent waiting for a person's approval."""
+    return (
+        task.state == TaskState.PAUSED
+        and Step.objects.filter(task_id=task.pk, proposed=True).exists()
+    )
+
+
+def proposer(steps: list[Step]) -> str:
+    """Who proposed these steps, as Dad reads it ("Pippa", "agent 'kidbot'")."""
+    names = sorted(
+        {"Pippa" if s.writer == Writer.PIPPA else f"agent '{s.written_by}'" for s in steps}
+    )
+    return " and ".join(names) or "nobody"
 
 
 def planning(task: Task) -> bool:

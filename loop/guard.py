@@ -22,6 +22,7 @@ class Decision(enum.Enum):
     ASK_MAY_I_UNSENT = "ask_may_i_unsent"  # cut before anything went out
     ASK_MAY_I_AGAIN = "ask_may_i_again"  # an authorization for another call: cleared, not used
     ASK_DID_IT_HAPPEN = "ask_did_it_happen"
+    AWAIT_APPROVAL = "await_approval"  # a proposal no person approved yet: the task waits
     FAIL_CAP = "fail_cap"
     WAIT = "wait"  # an effect's claim by another holder is still live
 
@@ -45,6 +46,12 @@ class StepFacts:
     # Its call is safe to repeat (`Tool.repeatable`: a safe kind, or a receiver that
     # deduplicates by the effect id): a cut simply runs it again.
     repeatable: bool = False
+    # Written by Pippa or an agent (DESIGN.md §5, "Who wrote it"): its first run needs a
+    # person's answer covering its exact call, whatever `confirm_before` says; no standing
+    # authorization covers it.
+    unasked: bool = False
+    # Proposed by Pippa or an agent and not yet approved: it never starts.
+    proposed: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ def decide(
     resume_unsent: str = "scheduled",
     standing: bool = False,
 ) -> Decision:
+    if step.proposed:
+        return Decision.AWAIT_APPROVAL
+    standing = standing and not step.unasked
     # Effects of safe-to-repeat kinds never make a step uncertain or "unsent".
     guarded = [e for e in effects if not e.safe_to_repeat]
     if any(e.state == "running" and e.lease_live for e in effects):
@@ -82,7 +92,7 @@ def decide(
         return Decision.START
     cut = step.state == "running" and not step.retry_recorded
     if step.attempts == 0 and not cut:
-        if not step.confirm_before:
+        if not step.confirm_before and not step.unasked:
             return Decision.START
         return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I
     if not cut or step.repeatable:

@@ -111,6 +111,27 @@ class EventKind(models.TextChoices):
     MODEL_RETRY = "model_retry"
     MODEL_CALL_REFUSED = "model_call_refused"
     TRANSCRIPT_ENTRY = "transcript_entry"  # a model step's transcript grew (the live feed)
+    PLAN_APPROVED = "plan_approved"  # a person approved a proposal: the calls it covers
+    PLAN_DECLINED = "plan_declined"
+    TASK_GIVEN = "task_given"  # a person gave the task to an agent to drive
+
+
+class Writer(models.TextChoices):
+    """Who wrote a step (DESIGN.md §5, "Who wrote it"): authority comes from a person."""
+
+    PERSON = "person", "a person"
+    """Dad on the dashboard or in the admin, or a plan file at the shell."""
+    SCHEDULE = "schedule", "a schedule"
+    """A schedule's template, as Dad wrote it: its runs' steps."""
+    PIPPA = "pippa", "Pippa"
+    """The model (a step and its attempt): a proposal until a person's answer covers it."""
+    AGENT = "agent", "an agent"
+    """An outside agent over the API (its token's name): a proposal, as Pippa's."""
+
+
+# The writers whose steps follow `confirm_before` as written (a person's, or a person's ahead
+# of time); the others' side effects wait for a person's answer (`LOOP_CONFIRM_PLANS`).
+PERSON_WRITERS = (Writer.PERSON, Writer.SCHEDULE)
 
 
 class Origin(models.TextChoices):
@@ -174,6 +195,9 @@ class Task(models.Model):
     successor = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="predecessors"
     )
+    # The agent that may drive it over the API (`next`, `commit`, `effects`): the one that
+    # created it, or the one a person gave it to; "" for none (DESIGN.md §19).
+    driver = models.CharField(max_length=100, blank=True)
     # Earliest time a worker may claim it again (a step waiting for retry_at).
     run_after = models.DateTimeField(null=True, blank=True)
     # The lease (§8). lease_epoch is the fencing token: every claim bumps it.
@@ -270,6 +294,13 @@ class Step(models.Model):
     authorized_call = models.CharField(max_length=64, blank=True)
     # A person resumed the task past this failed step (or added its replacement).
     waived = models.BooleanField(default=False)
+    # Who wrote it (DESIGN.md §5): `writer` the kind, `written_by` the name as Dad reads it
+    # (a user, a schedule, "Pippa (step 'plan', attempt 1)", an agent's token name).
+    writer = models.CharField(max_length=16, choices=Writer.choices, default=Writer.PERSON)
+    written_by = models.CharField(max_length=200, blank=True)
+    # Written by Pippa or an agent and not yet approved by a person (LOOP_CONFIRM_PLANS): the
+    # task waits, paused, until a person approves or declines the proposal.
+    proposed = models.BooleanField(default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -293,6 +324,11 @@ class Step(models.Model):
             # for actions.follow), and the dashboard's count of failed steps (sql.step_counts):
             # failed steps are few.
             models.Index(fields=["task", "position"], condition=FAILED_STEP, name="step_failed"),
+            # A task's proposal waiting for a person (goals.waits_for_approval, the approval
+            # card): partial, so it holds only the few proposed steps.
+            models.Index(
+                fields=["task", "position"], condition=models.Q(proposed=True), name="step_proposed"
+            ),
         ]
         permissions = [("confirm_step", "Can answer a blocked step's question")]
 
@@ -306,7 +342,8 @@ class EffectQuerySet(models.QuerySet["Effect"]):
 
 
 class Effect(models.Model):
-    # Deterministic: digest of (step, tool, canonical request), or the caller's key.
+    # Deterministic (DESIGN.md §6, `effects.effect_id`): a digest of (the installation, the
+    # step, the tool, the canonical request, `again`).
     id = models.CharField(max_length=64, primary_key=True)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="effects")
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="effects")
@@ -325,6 +362,12 @@ class Effect(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(null=True, blank=True)
     sends = models.PositiveIntegerField(default=0)
+    # The call it performs (`calls.digest` of its tool and request): the same call again in
+    # its step is this effect, unless a person allowed it once more (`again` counts those).
+    call = models.CharField(max_length=64, blank=True)
+    again = models.PositiveIntegerField(default=0)
+    # The caller's own idempotency key (an agent's), scoped to the step: bound to this request.
+    key = models.CharField(max_length=255, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -453,6 +496,9 @@ class AgentToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
     revoked = models.BooleanField(default=False)
+    # A person's own client (`agent_token --answers`): it may answer questions and approve
+    # plans as its user. Any other agent token never does, whatever its user may do.
+    answers = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -496,6 +542,18 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"receipt {self.command_id} {self.scope} {self.status}"
+
+
+class Installation(models.Model):
+    """One row, made once per database (migration 0012): its random `secret` goes into every
+    effect id, so two databases never share an effect id, nor an Idempotency-Key at a
+    receiver (DESIGN.md §6, invariant 15)."""
+
+    secret = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"installation {self.secret[:8]}…"
 
 
 class HealthCheck(models.Model):

@@ -5,11 +5,11 @@ dashboard's card, `manage.py task` / `unblock` and the API's `question` all read
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import plans, tools, transcript
-from .effects import canonical
+from .effects import call_digest, canonical
 from .models import Effect, EffectState, QuestionKind, Step, StepState
 from .tools import shown
 
@@ -38,6 +38,14 @@ def did_it_happen(effects: Iterable[Effect]) -> tuple[str, str]:
     return QuestionKind.DID_IT_HAPPEN, "Did this happen?\n" + describe(effects)
 
 
+def already_line(effect: Effect) -> str:
+    """How a question names an earlier effect of the exact call it asks about."""
+    at = effect.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if effect.state == EffectState.FAILED:
+        return f"This exact call was tried at {at} and refused: {effect.error}"
+    return f"This exact call already happened at {at} (effect {effect.pk[:8]}…)."
+
+
 # ---- what a question shows -------------------------------------------------------------------
 
 
@@ -51,6 +59,7 @@ class Request:
     summary: str
     fields: list[shown.Field]
     effect: Effect | None = None
+    call: str = ""  # its digest (`effects.call_digest`): the same call elsewhere is this one
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,21 +86,24 @@ def of_step(step: Step) -> Request:
     if step.judge == "model":
         name, args = transcript.pending_call(step)
     tool = tools.find(name)
+    call = call_digest(name, args)
     if tool is None:
         missing = f"tool '{name}' is not installed"
-        return Request("call", name, "", missing, shown.default(args))
+        return Request("call", name, "", missing, shown.default(args), call=call)
     try:
         target, summary = tool.summary(args)
     except (tools.ToolError, TypeError, ValueError, AttributeError, KeyError):
         target, summary = "", ""
-    return Request("call", name, target, summary, tool.request_view(args))
+    return Request("call", name, target, summary, tool.request_view(args), call=call)
 
 
 def of_effect(effect: Effect) -> Request:
     """An effect's request as recorded with its intent: what was, or will be, sent."""
     tool = tools.find(effect.tool)
     fields = tool.request_view(effect.request) if tool else shown.default(effect.request)
-    return Request(effect.pk, effect.tool, effect.target, effect.summary, fields, effect)
+    return Request(
+        effect.pk, effect.tool, effect.target, effect.summary, fields, effect, call=effect.call
+    )
 
 
 def named(step: Step, effects: Iterable[Effect]) -> list[Effect]:
@@ -122,6 +134,13 @@ class Question:
     effects: list[Effect]  # the effects it names: what an answer settles
     requests: list[Request]  # the calls it asks about, each in full
     notes: list[str]
+    # "May I do this?" about a call that already happened in the task: those effects, shown
+    # first (`already_line`).
+    repeats: list[Effect] = field(default_factory=list)
+
+    @property
+    def already(self) -> list[str]:
+        return [already_line(e) for e in self.repeats]
 
     @property
     def heading(self) -> str:
@@ -161,4 +180,12 @@ def question(step: Step, effects: Iterable[Effect]) -> Question | None:
         notes = [line for line in step.question_text.splitlines()[1:] if line.strip()]
     else:
         notes = [UNSENT] if kind == QuestionKind.MAY_I and about else []
-    return Question(step, kind, about, shown, notes)
+    repeats: list[Effect] = []
+    if kind == QuestionKind.MAY_I:
+        asked = {r.call for r in shown if r.call}
+        repeats = list(
+            Effect.objects.filter(
+                task_id=step.task_id, call__in=asked, state=EffectState.SUCCEEDED
+            ).order_by("updated_at")
+        )
+    return Question(step, kind, about, shown, notes, repeats)

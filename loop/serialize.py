@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import questions, transcript
+from . import goals, questions, transcript
 from .models import Effect, Event, Origin, Step, Task, TranscriptEntry
 
 
@@ -31,6 +31,8 @@ def question_dict(step: Step, effects: list[Effect]) -> dict[str, Any] | None:
     return {
         "kind": asked.kind,
         "text": step.question_text,
+        # The same call already happened in the task: those effects (shown first).
+        "already": asked.already,
         # "May I do this?" before any effect was recorded: the call itself, in full.
         "call": own.as_dict() if own else None,
         "effects": [effect_dict(e) for e in asked.effects],
@@ -90,6 +92,8 @@ def step_dict(
         "question": question_dict(step, effects),
         "effects": [effect_dict(e) for e in effects],
         "judge": step.judge,
+        "written_by": {"kind": step.writer, "name": step.written_by},
+        "proposed": step.proposed,
         "instructions": step.instructions,
         "tools": step.tools,
         "transcript": [entry_dict(e, by_id) for e in entries],
@@ -115,6 +119,8 @@ def task_dict(task: Task) -> dict[str, Any]:
         **task_summary(task),
         "created_at": task.created_at.isoformat(),
         "successor": task.successor_id,
+        "driver": task.driver,
+        "waits_for_approval": goals.waits_for_approval(task),
         "instructions": task.instructions,
         "tokens": transcript.tokens([e for entries in said.values() for e in entries]),
         "steps": [step_dict(s, by_step.get(s.pk, []), said.get(s.pk, [])) for s in steps],

@@ -80,6 +80,7 @@ STEP = Machine(
         "pending": {
             "start": "running",
             "ask": "blocked",  # a side-effect step waiting for "May I do this?"
+            "decline": "failed",  # proposed by Pippa or an agent; a person declined it
         },
         "running": {
             "restart": "running",  # re-entry after a cut or a recorded retry; attempts += 1

@@ -45,6 +45,7 @@ from . import (
     calls,
     conversation,
     effects,
+    goals,
     guard,
     journal,
     lease,
@@ -59,7 +60,7 @@ from .judges import of as judge_of
 from .models import Effect, EffectState, EventKind, Step, StepState, Task, TaskState
 from .outcomes import Fenced
 from .states import TASK
-from .transitions import move_step, move_steps
+from .transitions import move_step, move_steps, move_task
 
 log = logging.getLogger("loop.step_life")
 
@@ -285,19 +286,22 @@ def _guard(
     facts = guard.StepFacts(
         state=step.state,
         side_effect=step.side_effect,
-        confirm_before=step.confirm_before and not model,
+        # LOOP_CONFIRM_SIDE_EFFECTS is a floor no plan lowers.
+        confirm_before=(step.confirm_before or settings.LOOP_CONFIRM_SIDE_EFFECTS) and not model,
         attempts=step.attempts,
         max_attempts=step.max_attempts,
         retry_recorded=step.retry_at is not None,
         authorized=bool(step.authorized_by),
         authorized_other_call=bool(step.authorized_by) and step.authorized_call != calls.of(step),
         repeatable=repeatable or model,
+        unasked=goals.unasked(step) and not model,
+        proposed=step.proposed,
     )
     effect_facts = [
         guard.EffectFacts(e.state, e.safe_to_repeat, _live(e, now)) for e in step_effects
     ]
     decision = guard.decide(facts, effect_facts, resume_unsent=settings.LOOP_RESUME_UNSENT)
-    if decision in ASKS_MAY_I and _standing(task):
+    if decision in ASKS_MAY_I and conversation.standing(task, step):
         decision = guard.decide(
             facts, effect_facts, resume_unsent=settings.LOOP_RESUME_UNSENT, standing=True
         )
@@ -331,6 +335,9 @@ def _guard(
         target, summary = _describe(step, tool)
         unsent = decision is guard.Decision.ASK_MAY_I_UNSENT
         _ask(step, actor, *questions.may_i(step.tool, target, summary, unsent=unsent))
+    elif decision is guard.Decision.AWAIT_APPROVAL:
+        if task.state in (TaskState.RUNNING, TaskState.BLOCKED):
+            move_task(task, "pause", actor=actor, data={"reason": goals.CHANGED})
     elif decision is guard.Decision.FAIL_CAP:
         _fail(step, actor, f"gave up after {step.attempts} attempts (max {step.max_attempts})")
     elif decision is guard.Decision.WAIT:
@@ -608,13 +615,6 @@ def effect_steps(batch: Sequence[Begun | Deferred | None]) -> int:
 
 
 ASKS_MAY_I = (guard.Decision.ASK_MAY_I, guard.Decision.ASK_MAY_I_UNSENT)
-
-
-def _standing(task: Task) -> bool:
-    """A standing authorization (§10): the task was created by a schedule's run whose message
-    is still the conversation's latest. Asked only when the guard would ask "May I do this?"
-    (one lookup on the messages' primary key)."""
-    return task.origin_message_id is not None and task.origin_message_id == conversation.latest_id()
 
 
 def _live(effect: Effect, now: datetime) -> bool:

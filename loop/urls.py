@@ -15,6 +15,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/pause", decide.pause, name="pause"),
     path("tasks/<int:task_id>/resume", decide.resume, name="resume"),
     path("tasks/<int:task_id>/approve", decide.approve, name="approve"),
+    path("tasks/<int:task_id>/decline", decide.decline, name="decline"),
     path("steps/<int:step_id>/decide", decide.decide, name="decide"),
     path("steps/<int:step_id>/transcript", task.step_transcript, name="transcript"),
 ]

@@ -353,8 +353,19 @@ LOOP_LLM_TIMEOUT_SECONDS = env_float("LOOP_LLM_TIMEOUT_SECONDS", 60, low=0.1, hi
 LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000, low=1)
 # How long a tick keeps retrying an endpoint that is down before it parks the worker.
 LOOP_LLM_RETRY_SECONDS = env_float("LOOP_LLM_RETRY_SECONDS", 60, low=0, high=86400)
-# A task from a goal: Pippa's plan waits for Dad's one-click approval before its first step.
-LOOP_CONFIRM_PLANS = env_bool("LOOP_CONFIRM_PLANS", False)
+# A plan or revision written by Pippa or an agent waits for a person's approval (DESIGN.md §5,
+# "Who wrote it"): `side_effects` (one that adds side-effect steps waits; read-only ones run at
+# once), `always`, or `never` (the seeds' older rule: Pippa's and agents' side effects run
+# unasked). `true` and `false`, as older versions took, read as `always` and `never`.
+LOOP_CONFIRM_PLANS = {"true": "always", "false": "never"}.get(
+    os.environ.get("LOOP_CONFIRM_PLANS", "").strip().lower(),
+    os.environ.get("LOOP_CONFIRM_PLANS", "").strip().lower() or "side_effects",
+)
+if LOOP_CONFIRM_PLANS not in {"side_effects", "always", "never"}:
+    raise ImproperlyConfigured(
+        "LOOP_CONFIRM_PLANS must be side_effects, always or never, "
+        f"not {os.environ.get('LOOP_CONFIRM_PLANS')!r}"
+    )
 LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024, low=1)
 LOOP_PLAN_MAX_DEPTH = env_int("LOOP_PLAN_MAX_DEPTH", 32, low=1)
 

@@ -125,11 +125,10 @@ def test_an_edit_of_only_the_title_keeps_the_authorization(
     assert len(events("authorization_consumed", pay)) == 1
 
 
-def test_do_it_then_an_edit_of_the_call_asks_may_i_for_the_new_call(
-    receiver: Receiver, dad: User
-) -> None:
-    """ "It did not — do it" leaves the step pending after a start: cleared, it asks again
-    rather than run the new call unasked."""
+def test_an_edit_after_do_it_is_refused_naming_the_effect(receiver: Receiver, dad: User) -> None:
+    """ "It did not — do it" settles the call a person was shown: it was sent once, and its
+    effect is pending again to be sent as it was. Its call can't change any more (DESIGN.md
+    §5): the edit is refused, naming the effect, and the call Dad answered for goes out."""
     receiver.behave("500")  # the POST may have happened
     task = make_task(post(receiver.url()))
     worker = next_worker()
@@ -137,17 +136,18 @@ def test_do_it_then_an_edit_of_the_call_asks_may_i_for_the_new_call(
     pay = Step.objects.get(task=task)
     assert pay.question_kind == "did_it_happen" and len(receiver.posts) == 1
     actions.unblock(step_id=pay.pk, decision="rerun", actor="dad", user=dad)
-    actions.edit_steps(
-        task_id=task.pk,
-        edits={pay.pk: {"args": paying(receiver.url(), 7)}},
-        actor="pippa",
-        user=SYSTEM,
-    )
+    [effect] = pay.effects.all()
+    with pytest.raises(actions.Refused, match=f"effect {effect.pk[:8]}.*it was sent before"):
+        actions.edit_steps(
+            task_id=task.pk,
+            edits={pay.pk: {"args": paying(receiver.url(), 7)}},
+            actor="pippa",
+            user=SYSTEM,
+        )
     run_until_idle(worker)
     pay.refresh_from_db()
-    assert pay.state == "blocked" and pay.question_kind == "may_i"
-    assert '{"amount": 7}' in pay.question_text
-    assert len(receiver.posts) == 1  # nothing more went out
+    assert pay.state == "done"
+    assert [p.json for p in receiver.posts] == [post(receiver.url())["args"]["json"]] * 2
 
 
 def test_a_start_never_consumes_an_authorization_for_another_call(

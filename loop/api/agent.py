@@ -63,7 +63,7 @@ def held_step(call: Call, token: str, step: Step) -> Started:
     """The start that `token` (a lease token) stands for, if it is this agent's, for `step`.
     Every use of a lease (renew, effects, commit) passes here, so here the agent's user must
     still be allowed to drive a step."""
-    require(call.agent.user, "drive a step", actor=call.agent.actor, step_id=step.pk)
+    require(call.who, "drive a step", actor=call.agent.actor, step_id=step.pk)
     if not token:
         raise ApiError(400, "lease_token: required, the token `next` answered")
     try:
@@ -103,7 +103,7 @@ def next_step(request: HttpRequest, task_id: int, body: s.Empty | None = None) -
     """Claim the task for this agent and guard and start its first open step, in one commit
     with the receipt; a step to probe first commits the claim, probes, then starts fenced."""
     call = caller(request)
-    require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
+    require(call.who, "drive a step", actor=call.agent.actor, task_id=task_id)
     with transaction.atomic():
         epoch = lease.claim_task(
             task_id, call.agent.lease_owner, seconds=settings.LOOP_AGENT_LEASE_SECONDS
@@ -234,7 +234,7 @@ def release(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> 
     """Let go of a task this agent holds, so workers (or other agents) may take it. A step it
     started and did not commit is left `running`: its next holder re-enters it as a cut."""
     call = caller(request)
-    require(call.agent.user, "drive a step", actor=call.agent.actor, task_id=task_id)
+    require(call.who, "drive a step", actor=call.agent.actor, task_id=task_id)
     task = get_task(task_id)
     if not lease.let_go(task_id, call.agent.lease_owner):
         holder = lease.holder(task)
@@ -283,10 +283,22 @@ def effect(request: HttpRequest, body: s.EffectCall) -> HttpResponse:
     owner = call.agent.lease_owner
     if not lease.held_by(task, owner, started.epoch):
         raise ApiError(409, _moved_on(started))  # before any intent of a stale holder is written
-    eid = effects.effect_id(step, tool.name, args, key)
+    # The step's one call is one effect, whatever key the agent sends it under: answered from
+    # its receipt on any repeat. A key names one request of its step.
+    latest = effects.latest_of_call(step, tool.name, args)
+    asked = effects.Request(
+        started.holder, step, tool, args, key=key or None, again=latest.again if latest else 0
+    )
+    if key and (taken := effects.key_taken(step, key, asked.effect_id)) is not None:
+        raise ApiError(
+            409,
+            f"key: '{key}' already names another request of step '{step.key}' "
+            f"(effect {taken.pk[:12]}…); a key is bound to one request",
+            effect=taken.pk,
+        )
     with tools.calling(tools.Call.of(step, owner, started.epoch)):
-        outcome = effects.call(started.holder, step, tool, args, key)
-    return _effect_answer(eid, started, outcome)
+        [outcome] = effects.send_all([asked])
+    return _effect_answer(asked.effect_id, started, outcome)
 
 
 def _effect_answer(eid: str, started: Started, outcome: outcomes.Outcome) -> JsonResponse:

@@ -36,7 +36,7 @@ from ninja.security import HttpBearer
 from .. import actions, plans, throttle
 from ..lease import LeaseLost
 from ..models import AgentToken, Receipt, Step, Task
-from ..permissions import Forbidden
+from ..permissions import Agent, Forbidden
 from ..states import IllegalTransition
 from ..transitions import Conflict
 
@@ -105,12 +105,20 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue(*, name: str, user: User, expires_at: datetime | None = None) -> tuple[AgentToken, str]:
+def issue(
+    *, name: str, user: User, expires_at: datetime | None = None, answers: bool = False
+) -> tuple[AgentToken, str]:
     """A new token for the agent `name`, acting as `user` until `expires_at` (None: until
-    revoked). The token is returned once; only its digest is stored."""
+    revoked); `answers`: a person's own client, which may answer for them. The token is
+    returned once; only its digest is stored."""
     token = secrets.token_urlsafe(32)
     agent = AgentToken.objects.create(
-        name=name, user=user, digest=digest(token), prefix=token[:8], expires_at=expires_at
+        name=name,
+        user=user,
+        digest=digest(token),
+        prefix=token[:8],
+        expires_at=expires_at,
+        answers=answers,
     )
     return agent, token
 
@@ -190,6 +198,12 @@ class Call:
     scope: str = ""
     body_digest: str = ""
     kept: bool = field(default=False)
+
+    @property
+    def who(self) -> Agent:
+        """The agent as an asker of actions (`loop.permissions.Agent`): its user's permissions,
+        within an agent's rules."""
+        return Agent(self.agent)
 
     def body(self) -> dict[str, Any]:
         """The JSON object sent, as sent (an empty body is `{}`)."""

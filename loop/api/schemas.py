@@ -118,6 +118,10 @@ class Renew(Body):
     lease_token: str = Field(description="the token `next` answered")
 
 
+class Note(Body):
+    note: str = Field("", max_length=2000, description="why, in words")
+
+
 class Unblock(Body):
     decision: AnyDecision  # checked by the view
     note: str = ""
@@ -132,7 +136,9 @@ class EffectCall(Body):
         None,
         min_length=1,
         max_length=200,
-        description="the effect's idempotency key (default: a digest of step, tool and args)",
+        description="your idempotency key for the call, scoped to the step and bound to one "
+        "request (another request under it is a 409). The effect is the step's call whatever "
+        "the key: the same call again, under any key or none, answers its receipt",
     )
 
 

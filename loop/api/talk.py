@@ -46,7 +46,7 @@ def post_message(request: HttpRequest, body: s.NewMessage) -> HttpResponse:
     call = caller(request)
     try:
         message = conversation.post(
-            author=call.agent.actor, kind=AuthorKind.AGENT, text=body.text, user=call.agent.user
+            author=call.agent.actor, kind=AuthorKind.AGENT, text=body.text, user=call.who
         )
     except conversation.MessageError as exc:
         raise ApiError(400, str(exc)) from None
@@ -78,5 +78,5 @@ def create_schedule(request: HttpRequest, plan: s.ScheduledPlan) -> HttpResponse
     spec = plans.validate(call.body())  # the plan as sent: plans.validate is its validator
     if spec.schedule is None:
         raise ApiError(400, "schedule: required (a cron expression); a plan without one is a task")
-    schedule = schedules.create(spec=spec, actor=call.agent.actor, user=call.agent.user)
+    schedule = schedules.create(spec=spec, actor=call.agent.actor, user=call.who)
     return JsonResponse(schedules.schedule_dict(schedule), status=201)

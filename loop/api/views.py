@@ -61,7 +61,7 @@ def show_task(request: HttpRequest, task_id: int) -> HttpResponse:
 def create_task(request: HttpRequest, plan: s.NewTask) -> HttpResponse:
     call = caller(request)
     body = call.body()
-    actor, user = call.agent.actor, call.agent.user
+    actor, user = call.agent.actor, call.who
     if "goal" in body:
         other = sorted(set(body) - {"goal", "title"})
         if other:
@@ -96,7 +96,7 @@ def add_steps(request: HttpRequest, task_id: int, body: s.AddSteps) -> HttpRespo
         steps=body.steps,
         after=body.after,
         actor=call.agent.actor,
-        user=call.agent.user,
+        user=call.who,
     )
     return JsonResponse(task_dict(get_task(task_id)))
 
@@ -112,7 +112,7 @@ def add_steps(request: HttpRequest, task_id: int, body: s.AddSteps) -> HttpRespo
 def pause(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
     call = caller(request)
     get_task(task_id)
-    paused = actions.pause(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    paused = actions.pause(task_id=task_id, actor=call.agent.actor, user=call.who)
     return JsonResponse(task_dict(paused))
 
 
@@ -127,7 +127,7 @@ def pause(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> Ht
 def resume(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
     call = caller(request)
     get_task(task_id)
-    resumed = actions.resume(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    resumed = actions.resume(task_id=task_id, actor=call.agent.actor, user=call.who)
     return JsonResponse(task_dict(resumed))
 
 
@@ -135,16 +135,37 @@ def resume(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> H
     "/tasks/{int:task_id}/approve",
     auth=COMMAND,
     url_name="api_approve",
-    summary="Approve the plan Pippa wrote for a task from a goal (LOOP_CONFIRM_PLANS): the "
-    "task runs; 409 unless it waits for that approval",
+    summary="Approve what Pippa or an agent proposed for the task (LOOP_CONFIRM_PLANS): its "
+    "steps, each side-effect call authorized as shown; the task runs on. Only a person: a "
+    "token made with `agent_token --answers`; any other agent token gets 403. 409 unless the "
+    "task waits for an approval",
     response=s.answers(200, s.Task, 404, command=True),
 )
 @command()
 def approve(request: HttpRequest, task_id: int, body: s.Empty | None = None) -> HttpResponse:
     call = caller(request)
     get_task(task_id)
-    approved = actions.approve_plan(task_id=task_id, actor=call.agent.actor, user=call.agent.user)
+    approved = actions.approve_plan(task_id=task_id, actor=call.agent.actor, user=call.who)
     return JsonResponse(task_dict(approved))
+
+
+@router.post(
+    "/tasks/{int:task_id}/decline",
+    auth=COMMAND,
+    url_name="api_decline",
+    summary="Decline what Pippa or an agent proposed for the task: its steps fail (waived); a "
+    "goal's plan declined fails its task. Only a person (an `--answers` token); 409 unless "
+    "the task waits for an approval",
+    response=s.answers(200, s.Task, 404, command=True),
+)
+@command()
+def decline(request: HttpRequest, task_id: int, body: s.Note | None = None) -> HttpResponse:
+    call = caller(request)
+    get_task(task_id)
+    declined = actions.decline_plan(
+        task_id=task_id, actor=call.agent.actor, user=call.who, note=body.note if body else ""
+    )
+    return JsonResponse(task_dict(declined))
 
 
 @router.post(
@@ -161,7 +182,7 @@ def supersede(request: HttpRequest, task_id: int, plan: s.Plan) -> HttpResponse:
     spec = plans.validate(call.body())
     get_task(task_id)
     successor = actions.supersede(
-        task_id=task_id, plan=spec, actor=call.agent.actor, user=call.agent.user, origin=Origin.API
+        task_id=task_id, plan=spec, actor=call.agent.actor, user=call.who, origin=Origin.API
     )
     return JsonResponse(task_dict(successor), status=201)
 
@@ -184,7 +205,7 @@ def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse
         step_id=step_id,
         decision=decision,
         actor=call.agent.actor,
-        user=call.agent.user,
+        user=call.who,
         note=body.note,
     )
     step.refresh_from_db()

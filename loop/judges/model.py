@@ -11,15 +11,23 @@ One tick of a model step:
       result committed before the next call or request, until a reply ends the tick: with
       `commit_step` (its verdict), or with an accepted `add_steps` (`_revised`)
 
-A side-effect call goes through the outbox with an effect id derived from the committed call
-(the step, the reply's row, the call's place in it), so the same call after a crash is the
-same effect: answered from its receipt, sent if it never was, or asked about ("Did this
-happen?") if it may have been.
+A side-effect call goes through the outbox with an effect id derived from the call itself (the
+step, the tool, the canonical arguments: `effects.effect_id`), so the same call after a crash,
+in a later turn or in a later attempt is the same effect: answered from its receipt (the model
+is told it already happened, when, and what it answered), sent if it never was, or asked about
+("Did this happen?") if it may have been. A second time only with a person's answer: a model
+that makes the call again after being told asks "May I do this again?", and Dad's "allow"
+makes it a new effect (`again`).
+
+Who wrote the step decides whether each call asks first (DESIGN.md §5): a step no person wrote
+asks "May I do this?" for every side-effect call; a person's step asks when `confirm_before`
+(or LOOP_CONFIRM_SIDE_EFFECTS) says so, unless a schedule's standing authorization covers it.
+Steps the model adds with `add_steps` are Pippa's: a proposal, approved by a person before
+their side effects can run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -29,10 +37,22 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from .. import actions, calls, effects, goals, journal, llm, plans, questions, tools, transcript
-from ..models import Effect, Event, EventKind, Step, Task, TranscriptEntry
+from .. import (
+    actions,
+    calls,
+    conversation,
+    effects,
+    goals,
+    journal,
+    llm,
+    plans,
+    questions,
+    tools,
+    transcript,
+)
+from ..models import Effect, EffectState, Event, EventKind, Step, Task, TranscriptEntry
 from ..outcomes import Busy, Done, Fenced, NotSent, Rejected, Uncertain
-from ..permissions import SYSTEM
+from ..permissions import Forbidden, Pippa
 from .base import Verdict, Work
 from .prompt import (
     ADD_STEPS,
@@ -51,12 +71,7 @@ from .prompt import (
 log = logging.getLogger("loop.judge.model")
 
 ADDED = "added steps: "  # an accepted add_steps call's result, then the keys
-
-
-def call_key(step: Step, entry: TranscriptEntry, index: int) -> str:
-    """The effect id of the `index`-th call of the reply `entry`: the same committed call is
-    the same effect, whatever happens to the process running it."""
-    return hashlib.sha256(f"model\0{step.pk}\0{entry.pk}\0{index}".encode()).hexdigest()
+ALREADY = "not sent again: "  # a repeated call's result, answered from its effect's receipt
 
 
 # ---- the judge -----------------------------------------------------------------------------
@@ -231,27 +246,39 @@ class Tick:
         args: dict[str, Any],
     ) -> Verdict | Fenced | None:
         step = self.step
-        key = call_key(step, entry, index)
-        effect = Effect.objects.filter(pk=key).first()
-        unsent = effect is None or effect.state == "pending"
-        if step.confirm_before and unsent and not self._authorized(tool.name, args):
-            target, summary = tool.summary(args)
-            return Verdict.blocked(
-                f"{self.where}: waits for Dad's answer about {tool.name}",
-                ask=questions.may_i(tool.name, target, summary, unsent=False),
-            )
-        [outcome] = effects.send_all([effects.Request(self.holder, step, tool, args, key=key)])
+        latest = effects.latest_of_call(step, tool.name, args)
+        again = latest.again if latest is not None else 0
+        allowed = False  # this start's authorization, used for this call
+        if latest is not None and latest.state in (EffectState.SUCCEEDED, EffectState.FAILED):
+            answered = self._results_of(latest)
+            if not answered:
+                pass  # this call's own effect, answered before its result was written: a cut
+            elif allowed := self._authorized(tool.name, args):
+                again += 1  # Dad allowed this exact call once more: a new effect
+            elif any(text.startswith(ALREADY) for text in answered):
+                return self._ask(tool, args, again=latest)  # told, and made again: ask Dad
+            else:
+                transcript.add_result(
+                    step, call_id, cut(_already(latest)), effect_id=latest.pk, actor=self.actor
+                )
+                return None
+        unsent = latest is None or latest.state == EffectState.PENDING or again > latest.again
+        if unsent and self._asks(tool) and not (allowed or self._authorized(tool.name, args)):
+            if not self._standing():
+                return self._ask(tool, args)
+        request = effects.Request(self.holder, step, tool, args, again=again)
+        [outcome] = effects.send_all([request])
+        key = request.effect_id
         if isinstance(outcome, Done):
             transcript.add_result(
-                step, call_id, cut(_done_text(outcome, key)), effect_id=key, actor=self.holder.actor
+                step, call_id, cut(_done_text(outcome, key)), effect_id=key, actor=self.actor
             )
         elif isinstance(outcome, Rejected):
-            transcript.add_result(
-                step, call_id, f"error: {outcome.error}", effect_id=key, actor=self.holder.actor
-            )
+            text = f"error: {outcome.error}"
+            transcript.add_result(step, call_id, text, effect_id=key, actor=self.actor)
         elif isinstance(outcome, NotSent):
             text = f"error: not sent: {outcome.error} (try again later)"
-            transcript.add_result(step, call_id, text, effect_id=key, actor=self.holder.actor)
+            transcript.add_result(step, call_id, text, effect_id=key, actor=self.actor)
         elif isinstance(outcome, Uncertain):
             return Verdict.blocked(f"{self.where}: may have happened: {outcome}")
         elif isinstance(outcome, Busy):
@@ -259,6 +286,55 @@ class Tick:
         else:
             return outcome  # Fenced: the lease moved on; its new holder goes on
         return None
+
+    @property
+    def actor(self) -> str:
+        return self.holder.actor
+
+    def _asks(self, tool: tools.Tool) -> bool:
+        """Whether a side-effect call of this step asks "May I do this?" before it is sent: a
+        step no person wrote always does (the floor); a person's step when `confirm_before`
+        (or LOOP_CONFIRM_SIDE_EFFECTS) says so."""
+        step = self.step
+        return step.confirm_before or settings.LOOP_CONFIRM_SIDE_EFFECTS or goals.unasked(step)
+
+    def _standing(self) -> bool:
+        """A schedule's standing authorization covers this step's calls (DESIGN.md §10): the
+        step is its template's, and its run's message is still the latest. Journaled."""
+        task = Task.objects.only("origin_message_id", "origin_run_id").get(pk=self.step.task_id)
+        if goals.unasked(self.step) or not conversation.standing(task, self.step):
+            return False
+        with transaction.atomic():
+            journal.record(
+                EventKind.SIDE_EFFECT_AUTO_CONFIRMED,
+                step=self.step,
+                actor=self.actor,
+                run=task.origin_run_id,
+                message=task.origin_message_id,
+                rule="confirm_before",
+            )
+        return True
+
+    def _ask(self, tool: tools.Tool, args: dict[str, Any], again: Effect | None = None) -> Verdict:
+        """Block on "May I do this?" about this call (`again`: the effect of the same call that
+        already happened, whose receipt the question shows)."""
+        target, summary = tool.summary(args)
+        kind, text = questions.may_i(tool.name, target, summary, unsent=False)
+        if again is not None:
+            text = text.replace("May I do this?", "May I do this again?", 1)
+            text += "\n" + questions.already_line(again)
+        return Verdict.blocked(
+            f"{self.where}: waits for Dad's answer about {tool.name}", ask=(kind, text)
+        )
+
+    def _results_of(self, effect: Effect) -> list[str]:
+        """The results in this step's transcript that name `effect` (the call's own, then any
+        repeat's)."""
+        return list(
+            TranscriptEntry.objects.filter(
+                step_id=self.step.pk, role=TranscriptEntry.Role.TOOL, effect_id=effect.pk
+            ).values_list("content", flat=True)
+        )
 
     def _authorized(self, tool_name: str, args: dict[str, Any]) -> bool:
         """Whether this attempt's start consumed Dad's authorization of exactly this call
@@ -283,18 +359,19 @@ class Tick:
     def _add_steps(self, call_id: str, args: dict[str, Any]) -> None:
         """Through the same action as everyone else; the steps and the call's result commit
         together, so a resume never adds them twice."""
+        step = self.step
         try:
             with transaction.atomic():
                 added = actions.add_steps(
-                    task_id=self.step.task_id,
+                    task_id=step.task_id,
                     steps=args.get("steps"),
                     after=args.get("after"),
                     actor=self.holder.actor,
-                    user=SYSTEM,
+                    user=Pippa(step.task_id, step.key, step.attempts),
                 )
                 keys = ", ".join(s.key for s in added)
-                transcript.add_result(self.step, call_id, ADDED + keys, actor=self.holder.actor)
-        except (plans.PlanError, actions.Refused) as exc:
+                transcript.add_result(step, call_id, ADDED + keys, actor=self.holder.actor)
+        except (plans.PlanError, actions.Refused, Forbidden) as exc:
             self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
 
     def _refuse(self, call_id: str, name: str, why: str) -> None:
@@ -404,6 +481,20 @@ def _verdict(where: str, args: dict[str, Any]) -> Verdict:
     question = str(args.get("question"))
     return Verdict.blocked(
         f"{where}: {question}", ask=("may_i", f"May I go on?\nPippa asks: {question}")
+    )
+
+
+def _already(effect: Effect) -> str:
+    """A repeated call's result: it is not sent again; when it happened and what it answered
+    (or why it was refused), and the one way to a second."""
+    at = effect.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if effect.state == EffectState.FAILED:
+        said = f"it was tried at {at} and refused: {effect.error}"
+    else:
+        said = f"this exact call already happened at {at}; its receipt: {as_text(effect.response)}"
+    return (
+        f"{ALREADY}{said}. If it really must happen once more, make the same call again: Dad "
+        "will be asked."
     )
 
 

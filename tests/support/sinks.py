@@ -5,6 +5,8 @@ with Receiver() as receiver:
     receiver.url("/hook")             # http://127.0.0.1:PORT/hook
     receiver.probe_url                # …/keys/{key}: 200 if it processed that key, else 404
     receiver.posts                    # every POST/PUT it received, in order
+    Receiver(dedupe=True)             # acts on each Idempotency-Key once, as a payment API does
+    receiver.acted                    # the POST/PUTs it acted on (all of them, unless dedupe)
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class Request:
 
 @dataclass
 class Receiver:
+    dedupe: bool = False  # a key it acted on is answered again without acting
     requests: list[Request] = field(default_factory=list)
+    acted: list[Request] = field(default_factory=list)
     processed: set[str] = field(default_factory=set)  # keys it acted on (what the probe knows)
     _plan: list[str] = field(default_factory=list)
     _release: threading.Event = field(default_factory=threading.Event)
@@ -70,9 +74,12 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 key = self.headers.get("Idempotency-Key")
                 with receiver._lock:
-                    receiver.requests.append(
-                        Request(self.command, self.path, key, body, dict(self.headers))
-                    )
+                    request = Request(self.command, self.path, key, body, dict(self.headers))
+                    receiver.requests.append(request)
+                    if receiver.dedupe and key and key in receiver.processed:
+                        self._answer(200, {"received": len(body), "duplicate": True})
+                        return
+                    receiver.acted.append(request)
                     how = receiver._plan.pop(0) if receiver._plan else "ok"
                 if how in ("ok", "hang") and key:
                     receiver.processed.add(key)  # acted on it; a held answer is only slow

@@ -22,6 +22,12 @@ class Command(LoopCommand):
         action.add_argument("--user", help="the user whose permissions the agent acts with")
         action.add_argument("--revoke", action="store_true", help="revoke NAME's live token")
         parser.add_argument(
+            "--answers",
+            action="store_true",
+            help="a person's own client: the token may answer questions and approve plans as "
+            "its user (an agent token never does)",
+        )
+        parser.add_argument(
             "--expires-in",
             type=days,
             metavar="DAYS",
@@ -32,6 +38,8 @@ class Command(LoopCommand):
         name = options["name"]
         if options["revoke"] and options["expires_in"] is not None:
             raise CommandError("--expires-in: only for a new token (with --user)")
+        if options["revoke"] and options["answers"]:
+            raise CommandError("--answers: only for a new token (with --user)")
         if options["revoke"]:
             if not AgentToken.objects.filter(name=name, revoked=False).update(revoked=True):
                 raise CommandError(f"name: no live token named '{name}'")
@@ -44,7 +52,7 @@ class Command(LoopCommand):
             raise CommandError(f"name: agent '{name}' already has a live token (--revoke it first)")
         expires_in = options["expires_in"]
         expires_at = timezone.now() + expires_in if expires_in is not None else None
-        _, token = issue(name=name, user=user, expires_at=expires_at)
+        _, token = issue(name=name, user=user, expires_at=expires_at, answers=options["answers"])
         self.stdout.write(token)
         if expires_at is not None:
             self.stderr.write(f"it expires at {expires_at.isoformat()}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
 from loop import conversation
@@ -16,9 +17,16 @@ class Command(LoopCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("text")
-        parser.add_argument("--as", dest="user", help="author's name (default: your login)")
+        parser.add_argument(
+            "--as", dest="user", help="a user of the site, the author (default: your login)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if (
+            options["user"]
+            and not get_user_model().objects.filter(username=options["user"]).exists()
+        ):
+            raise CommandError(f"--as: no user '{options['user']}'")
         author = options["user"] or getpass.getuser()
         try:
             message = conversation.post(

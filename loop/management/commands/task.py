@@ -33,10 +33,17 @@ class Command(LoopCommand):
         if origin["kind"] == "schedule":
             where = f"schedule {terminal_safe(origin.get('schedule', '?'))}, message {origin.get('message')}"
             self.stdout.write(f"  from {where}")
+        if data["driver"]:
+            self.stdout.write(f"  driven by agent {terminal_safe(data['driver'])}")
+        if data["waits_for_approval"]:
+            self.stdout.write("  waits for a person to approve the steps marked 'proposed'")
         for step in data["steps"]:
+            writer = step["written_by"]
             self.stdout.write(
                 f"  {step['id']:>6} {step['key']:<20} {step['state']:<8} "
                 f"attempts {step['attempts']}/{step['max_attempts']}  {step['tool']}"
+                f"  by {writer['kind']} {terminal_safe(writer['name'])}"
+                + ("  proposed" if step["proposed"] else "")
             )
             if step["error"]:
                 self.stdout.write(f"         error: {step['error']}")
@@ -52,6 +59,8 @@ class Command(LoopCommand):
         """The question as the dashboard shows it: its heading, each call it asks about in
         full (what a person decides on), then its other words."""
         self.stdout.write(f"         ? {asked.heading}")
+        for line in asked.already:
+            self.stdout.write(f"         ! {terminal_safe(line)}")
         for call in asked.requests:
             head = f"{call.tool} → {call.target or '(no target)'}"
             head += f": {call.summary}" if call.summary else ""

@@ -86,15 +86,57 @@ def seen_near(last: int) -> str:
 
 
 def waiting_count() -> int:
-    """What waits for Dad: the questions, and the plans Pippa wrote that wait for approval."""
-    return Step.objects.blocked().count() + len(plans_waiting())
+    """What waits for Dad: the questions, and the proposals waiting for his approval."""
+    return Step.objects.blocked().count() + _proposing().count()
 
 
-def plans_waiting() -> list[Task]:
-    """Tasks whose plan Pippa wrote and Dad has to approve (LOOP_CONFIRM_PLANS): paused, and
-    so from `planning` (one journal read per paused task, a paused task being rare)."""
-    paused = Task.objects.filter(state=TaskState.PAUSED).order_by("id")
-    return [t for t in paused if goals.waits_for_approval(t)]
+def _proposing() -> Any:
+    """Paused tasks with proposed steps (index step_proposed), oldest first."""
+    return (
+        Task.objects.filter(state=TaskState.PAUSED, steps__proposed=True).distinct().order_by("id")
+    )
+
+
+@dataclass
+class Proposal:
+    """What Pippa or an agent proposed for a task, as Dad approves it: every step, and each
+    side-effect call in full (what approving authorizes)."""
+
+    task: Task
+    steps: list[Step]
+    calls: dict[int, questions.Request]  # step id -> its call in full (side-effect tool steps)
+    first_plan: bool  # a goal's plan, or a plan an agent sent: nothing of the task ran yet
+
+    @property
+    def heading(self) -> str:
+        return "May I run this plan?" if self.first_plan else "May I change the plan?"
+
+    @property
+    def by(self) -> str:
+        return goals.proposer(self.steps)
+
+    @property
+    def rows(self) -> list[tuple[Step, questions.Request | None]]:
+        return [(s, self.calls.get(s.pk)) for s in self.steps]
+
+
+def proposal_of(task: Task) -> Proposal | None:
+    """The task's proposal waiting for approval, or None."""
+    if task.state != TaskState.PAUSED:
+        return None
+    steps = goals.proposal(task)
+    if not steps:
+        return None
+    calls = {s.pk: questions.of_step(s) for s in steps if s.side_effect and s.judge == "tool"}
+    first = (
+        not task.steps.exclude(pk__in=[s.pk for s in steps]).exclude(key=goals.PLAN_KEY).exists()
+    )
+    return Proposal(task, steps, calls, first)
+
+
+def plans_waiting() -> list[Proposal]:
+    """The proposals by Pippa or agents that wait for Dad's approval (LOOP_CONFIRM_PLANS)."""
+    return [p for t in _proposing() if (p := proposal_of(t)) is not None]
 
 
 def _effects_by_step(step_ids: list[int]) -> dict[int, list[Effect]]:
@@ -306,6 +348,7 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
         "task": task,
         "holder": lease.holder(task),
         "plan_waits": goals.waits_for_approval(task),
+        "proposal": proposal_of(task),
         "tokens": transcript.task_usage(task.pk),
     }
 

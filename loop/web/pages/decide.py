@@ -3,6 +3,8 @@ Pippa wrote (LOOP_CONFIRM_PLANS)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -59,7 +61,12 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
     return answer(request, said, fallback=home)
 
 
-STEER = {"pause": actions.pause, "resume": actions.resume, "approve": actions.approve_plan}
+STEER: dict[str, Callable[..., Task]] = {
+    "pause": actions.pause,
+    "resume": actions.resume,
+    "approve": actions.approve_plan,
+    "decline": actions.decline_plan,
+}
 
 
 def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
@@ -71,7 +78,8 @@ def _steer(request: HttpRequest, task_id: int, verb: str) -> HttpResponse:
         return answer(request, str(exc), status=403, fallback=page)
     except actions.Refused as exc:
         return answer(request, f"state: {exc}", status=409, fallback=page)
-    return answer(request, f"Task {task.pk}: {verb}d.", fallback=page)
+    said = {"approve": "approved: it runs on", "decline": "declined"}.get(verb, f"{verb}d")
+    return answer(request, f"Task {task.pk}: {said}.", fallback=page)
 
 
 @require_POST
@@ -90,3 +98,9 @@ def resume(request: HttpRequest, task_id: int) -> HttpResponse:
 @login_required
 def approve(request: HttpRequest, task_id: int) -> HttpResponse:
     return _steer(request, task_id, "approve")
+
+
+@require_POST
+@login_required
+def decline(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _steer(request, task_id, "decline")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from ... import tools, transcript
-from ...judges.model import call_key
+from ...effects import call_digest
 from ...models import Effect, Step, TranscriptEntry
 from ...tools import shown
 
@@ -155,6 +156,7 @@ def _call(
     name = one.get("name", "")
     loop_name = transcript.tool_named(name)
     raw = one.get("arguments") or ""
+    args: Any = None
     try:
         args = json.loads(raw or "{}")
     except ValueError:
@@ -170,10 +172,18 @@ def _call(
     answer = results.get(one.get("id", ""))
     result = _result(answer, effects) if answer is not None else None
     # Its effect, if it has one: the result names it; before the result (a question for Dad,
-    # a cut), the id the model judge derives from the committed call.
-    effect = result.effect if result else effects.get(call_key(step, row, index))
+    # a cut), the step's latest effect of that exact call.
+    effect = result.effect if result else _of_call(effects, loop_name, args)
     key = f"{row.pk}-{index}"
     return Call(one.get("id", ""), name, loop_name, arguments, result, effect, index, key)
+
+
+def _of_call(effects: dict[str, Effect], tool_name: str, args: Any) -> Effect | None:
+    if not tool_name or not isinstance(args, dict):
+        return None
+    call = call_digest(tool_name, args)
+    same = [e for e in effects.values() if e.call == call]
+    return max(same, key=lambda e: e.again) if same else None
 
 
 def _result(row: TranscriptEntry, effects: dict[str, Effect]) -> Result:
