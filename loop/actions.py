@@ -331,10 +331,12 @@ def resume(*, task_id: int, actor: str, user: Who) -> Task:
 
 def approve_plan(*, task_id: int, actor: str, user: Who) -> Task:
     """A person's one click on a proposal by Pippa or an agent (DESIGN.md §5): its steps are
-    approved, and each side-effect call among them authorized exactly as the card showed it
-    (its digest, `loop.calls`; an edit after this clears it); the task runs on (a failed step
-    the proposal replaces is waived). Journaled `plan_approved` with those calls. Refused
-    unless the task waits for an approval."""
+    approved, and each side-effect call among them whose arguments are known in full is
+    authorized exactly as the card showed it (its digest, `loop.calls`; an edit after this
+    clears it); one whose arguments wait for an earlier step's output asks "May I do this?"
+    when it runs, with them filled in. The task runs on (a failed step the proposal replaces
+    is waived). Journaled `plan_approved` with the calls it covers. Refused unless the task
+    waits for an approval."""
     require(user, "approve a plan", actor=actor, task_id=task_id)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task_id)
@@ -344,7 +346,7 @@ def approve_plan(*, task_id: int, actor: str, user: Who) -> Task:
         authorized = {}
         for step in steps:
             fields: dict[str, Any] = {"proposed": False}
-            if step.side_effect and step.judge == "tool":
+            if step.side_effect and step.judge == "tool" and not plans.references(step.args):
                 fields |= {"authorized_by": actor, "authorized_call": calls.of(step)}
                 authorized[step.key] = fields["authorized_call"]
             Step.objects.filter(pk=step.pk, proposed=True).update(**fields)

@@ -47,9 +47,16 @@ def step(key: str, tool: str = "echo", **fields: Any) -> dict[str, Any]:
     return {"key": key, "tool": tool, "args": args, **fields}
 
 
-def make_task(*steps: dict[str, Any], title: str = "test task", actor: str = "test") -> Task:
+def make_task(
+    *steps: dict[str, Any], title: str = "test task", actor: str = "test", driver: str = ""
+) -> Task:
+    """A task a person wrote (the operator at the shell); given to the agent `driver` to drive
+    over the API, if named."""
     spec = plans.validate({"title": title, "steps": list(steps)})
-    return actions.create_task(plan=spec, actor=actor, user=SYSTEM)
+    task = actions.create_task(plan=spec, actor=actor, user=SYSTEM)
+    if driver:
+        task = actions.give(task_id=task.pk, agent=driver, actor=actor, user=SYSTEM)
+    return task
 
 
 @pytest.fixture

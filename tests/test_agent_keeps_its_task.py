@@ -14,9 +14,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from loop import actions
 from loop.api.core import issue
 from loop.models import AgentToken, Event, EventKind, Step, Task
 from loop.models import Worker as WorkerRow
+from loop.permissions import SYSTEM
 from loop.worker import Worker
 
 from .conftest import claim_and_start, make_task, process_env, start_runloop, step, wait_for
@@ -76,7 +78,7 @@ def test_workers_leave_an_agents_task_alone_between_its_commits_until_it_lets_go
     pippa = Agent(issue(name="pippa", user=dad)[1])
     owner = -AgentToken.objects.get(name="pippa").pk
     log = tmp_path / "runs.log"
-    task = make_task(*recorded(log, *AGENT_STEPS, "f"), title="five steps by hand")
+    task = make_task(*recorded(log, *AGENT_STEPS, "f"), title="five steps by hand", driver="pippa")
     first = pippa.post(f"/api/tasks/{task.pk}/next").json()  # before any worker could take it
     assert first["step"]["key"] == "a"
     two_workers(tmp_path, processes)
@@ -113,7 +115,7 @@ def test_a_worker_takes_the_task_once_the_agents_lease_runs_out(
     settings.LOOP_AGENT_LEASE_SECONDS = 4
     pippa = Agent(issue(name="pippa", user=dad)[1])
     log = tmp_path / "runs.log"
-    task = make_task(*recorded(log, "a", "b"), title="left behind")
+    task = make_task(*recorded(log, "a", "b"), title="left behind", driver="pippa")
     first = pippa.post(f"/api/tasks/{task.pk}/next").json()
     two_workers(tmp_path, processes)
     renewed = pippa.post(
@@ -137,7 +139,7 @@ def test_a_worker_takes_the_task_once_the_agents_lease_runs_out(
 def test_release_lets_go_only_of_the_agents_own_task(dad: User, worker: Worker) -> None:
     pippa = Agent(issue(name="pippa", user=dad)[1])
     visitor = Agent(issue(name="visitor", user=dad)[1])  # may drive, but holds nothing
-    task = make_task(step("a"), step("b"))
+    task = make_task(step("a"), step("b"), driver="pippa")
     taken = pippa.post(f"/api/tasks/{task.pk}/next").json()
     bad = pippa.post(
         f"/api/steps/{taken['step']['id']}/commit",
@@ -151,11 +153,16 @@ def test_release_lets_go_only_of_the_agents_own_task(dad: User, worker: Worker) 
     )
     assert worker.tick() is False  # kept between commits
     not_theirs = visitor.post(f"/api/tasks/{task.pk}/release")
-    assert not_theirs.status_code == 409
-    assert not_theirs.json()["error"].startswith(
+    assert not_theirs.status_code == 403  # not the visitor's task at all
+    assert f"task {task.pk} is not agent 'visitor''s" in not_theirs.json()["error"]
+    assert visitor.post(f"/api/tasks/{task.pk}/next").status_code == 403
+    actions.give(task_id=task.pk, agent="visitor", actor="dad", user=SYSTEM)
+    not_held = visitor.post(f"/api/tasks/{task.pk}/release")
+    assert not_held.status_code == 409  # its task now, but pippa still holds the lease
+    assert not_held.json()["error"].startswith(
         f"lease: task {task.pk} is held by agent:pippa, not by agent:visitor"
     )
-    assert visitor.post(f"/api/tasks/{task.pk}/next").status_code == 409
+    actions.give(task_id=task.pk, agent="pippa", actor="dad", user=SYSTEM)
     unknown_field = pippa.post(f"/api/tasks/{task.pk}/release", {"now": True})
     assert unknown_field.status_code == 400
     released = pippa.post(f"/api/tasks/{task.pk}/release")
@@ -175,7 +182,7 @@ def test_the_dashboard_says_who_holds_a_task_and_until_when(
 ) -> None:
     settings.LOOP_AGENT_LEASE_SECONDS = 600
     pippa = Agent(issue(name="pippa", user=dad)[1])
-    by_hand = make_task(step("a"), step("b"), title="by hand")
+    by_hand = make_task(step("a"), step("b"), title="by hand", driver="pippa")
     by_worker = make_task(step("x"), step("y"), title="by worker")
     pippa.post(f"/api/tasks/{by_hand.pk}/next")
     claim_and_start(worker)  # the only free task: by_worker
@@ -205,7 +212,7 @@ def test_allow_once_on_an_agents_task_says_the_agent_takes_it_up(
     """The flash after "Allow once" says who runs the step now: not a worker's next tick while
     an agent holds the task."""
     pippa = Agent(issue(name="pippa", user=dad)[1])
-    task = make_task(step("pay", "test.seen_once", confirm_before=True))
+    task = make_task(step("pay", "test.seen_once", confirm_before=True), driver="pippa")
     asked = pippa.post(f"/api/tasks/{task.pk}/next")
     assert asked.status_code == 200 and asked.json()["step"] is None, asked.json()
     blocked = Step.objects.get(task=task, key="pay")

@@ -18,14 +18,24 @@ from django.test import Client
 from django.urls import URLPattern
 from django.utils import timezone
 
-from loop import plans
+from loop import actions, plans
 from loop.api import core
 from loop.api.core import issue
 from loop.api.site import routes
 from loop.models import AgentToken, Effect, Event, EventKind, Receipt, Step, Task
+from loop.permissions import SYSTEM
 from pippa_site import urls as site_urls
 
-from .conftest import make_task, step
+from . import conftest
+from .conftest import step
+
+
+def make_task(*steps: dict[str, Any], **fields: Any) -> Any:
+    """A task of Dad's, given to the agent `pippa` (an agent drives only tasks it created or was
+    given; pass driver="" for one it was not)."""
+    return conftest.make_task(*steps, **{"driver": "pippa", **fields})
+
+
 from .support.cuts import cut, post, sent_not_recorded
 from .support.sinks import Receiver
 
@@ -267,10 +277,11 @@ def test_a_concurrent_duplicate_is_rolled_back_and_answered_as_the_first(
 
 
 def test_command_ids_belong_to_their_agent(pippa_agent: Agent, helper_agent: Agent) -> None:
-    task = make_task(step("a"))
-    assert pippa_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 200
-    # Another agent's same key is its own command: it runs (and is refused on its merits).
-    assert helper_agent.post(f"/api/tasks/{task.pk}/pause", key="same").status_code == 409
+    mine, theirs = make_task(step("a")), make_task(step("a"), driver="helper")
+    assert pippa_agent.post(f"/api/tasks/{mine.pk}/pause", key="same").status_code == 200
+    # Another agent's same key is its own command: it runs on its own task.
+    paused = helper_agent.post(f"/api/tasks/{theirs.pk}/pause", key="same")
+    assert paused.status_code == 200 and paused.json()["id"] == theirs.pk
 
 
 # ---- next and commit ---------------------------------------------------------------------------
@@ -319,13 +330,14 @@ def test_next_holds_the_lease_against_workers_and_other_agents(
     held = Task.objects.get(pk=task.pk)
     assert held.lease_owner == -AgentToken.objects.get(name="pippa").pk
     assert worker.tick() is False  # the worker finds nothing to claim
-    other = helper_agent.post(f"/api/tasks/{task.pk}/next")
-    assert other.status_code == 409
-    assert other.json()["error"].startswith(f"lease: task {task.pk} is held by agent:pippa")
     renewed = pippa_agent.post(
         f"/api/steps/{taken['step']['id']}/renew", {"lease_token": taken["lease_token"]}
     )
     assert renewed.status_code == 200
+    actions.give(task_id=task.pk, agent="helper", actor="dad", user=SYSTEM)  # Dad gives it on
+    other = helper_agent.post(f"/api/tasks/{task.pk}/next")
+    assert other.status_code == 409  # pippa still holds its lease
+    assert other.json()["error"].startswith(f"lease: task {task.pk} is held by agent:pippa")
     assert Step.objects.get(pk=taken["step"]["id"]).state == "running"
 
 
@@ -451,18 +463,24 @@ def test_unblock_without_permission_is_403_and_journaled(
     assert Step.objects.get(pk=pay.pk).state == "blocked"
 
 
-def test_an_agent_with_permission_answers_a_question(pippa_agent: Agent) -> None:
+def test_a_persons_client_answers_a_question_and_an_agent_never_does(
+    pippa_agent: Agent, dad: User
+) -> None:
     pay = asking(pippa_agent)
-    wrong = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "happened"})
+    refused = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "allow"})
+    assert refused.status_code == 403  # Dad's permissions, not his voice
+    assert refused.json()["detail"].startswith("only a person may answer questions")
+    phone = Agent(issue(name="dads-phone", user=dad, answers=True)[1])
+    wrong = phone.post(f"/api/steps/{pay.pk}/unblock", {"decision": "happened"})
     assert wrong.status_code == 409
-    bad = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "maybe"})
+    bad = phone.post(f"/api/steps/{pay.pk}/unblock", {"decision": "maybe"})
     assert bad.status_code == 400
     assert bad.json()["error"].startswith("decision:")
-    allowed = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "allow", "note": "ok"})
+    allowed = phone.post(f"/api/steps/{pay.pk}/unblock", {"decision": "allow", "note": "ok"})
     assert allowed.status_code == 200
     assert allowed.json()["state"] == "pending"
     [decision] = events(EventKind.DECISION, step=pay)
-    assert decision.actor == "agent:pippa"
+    assert decision.actor == "agent:dads-phone"
     assert pippa_agent.post(f"/api/tasks/{pay.task_id}/next").json()["step"]["key"] == "pay"
 
 

@@ -1,7 +1,9 @@
 """Every API endpoint against every way of asking without the right: no token, a wrong one, a
-revoked one, an expired one, a user without the act's permission, another agent's lease. Each
-answers 401, 403 or 409 and changes nothing; the same request by an agent with the right
-succeeds (so each refusal is about who asks, not about the state).
+revoked one, an expired one, a user without the act's permission, another agent's lease, an
+agent acting on a task it does not drive, an agent answering for a person. Each answers 401,
+403 or 409 and changes nothing; the same request by an agent with the right succeeds (so each
+refusal is about who asks, not about the state). A person's acts (answers, approvals,
+schedules) are "allowed" only for a token made with `--answers`.
 
 The cases come from one table, `ENDPOINTS`; a test fails if an /api/ route or method is
 missing from it, so a new endpoint cannot be forgotten.
@@ -59,26 +61,35 @@ def agent_client(token: str) -> Client:
     return Client(HTTP_AUTHORIZATION=f"Bearer {token}")
 
 
-def build_world(holder: Client, file_root: Path) -> World:
-    open_task = make_task(step("a"), title="open")
-    paused = make_task(step("p"), title="paused")
+def given(task: Task, driver: str) -> Task:
+    """The task, given to the agent `driver` by a person (an agent drives only those)."""
+    actions.give(task_id=task.pk, agent=driver, actor="test", user=SYSTEM)
+    return task
+
+
+def build_world(holder: Client, driver: str, file_root: Path) -> World:
+    open_task = given(make_task(step("a"), title="open"), driver)
+    paused = given(make_task(step("p"), title="paused"), driver)
     actions.pause(task_id=paused.pk, actor="test", user=SYSTEM)
     asked = make_task(
         step("pay", "file.write", args={"path": "p.txt", "content": "x"}, confirm_before=True),
         title="asking",
     )
     dad = agent_client(issue(name="dad-agent", user=User.objects.get(username="dad"))[1])
+    given(asked, "dad-agent")
     assert post(dad, f"/api/tasks/{asked.pk}/next", {}).json()["step"] is None
+    given(asked, driver)
     held_task = make_task(
         step("write", "file.write", args={"path": "w.txt", "content": "x"}, side_effect=True),
         title="held",
     )
+    given(held_task, driver)
     taken = post(holder, f"/api/tasks/{held_task.pk}/next", {})
     assert taken.status_code == 200, taken.content
     return World(
         open_task=open_task,
         paused=paused,
-        proposed=proposed(dad),
+        proposed=given(proposed(dad), driver),
         asking=asked.steps.get(),
         held=held_task.steps.get(),
         lease_token=taken.json()["lease_token"],
@@ -88,9 +99,11 @@ def build_world(holder: Client, file_root: Path) -> World:
 
 def proposed(planner: Client) -> Task:
     """A task from a goal whose plan waits for approval: an agent took its planning step with
-    `next`, added a step and committed `done`, as the model judge would."""
-    with override_settings(LOOP_LLM_BASE_URL="http://127.0.0.1:9/v1", LOOP_CONFIRM_PLANS=True):
+    `next`, added a step (a proposal: an agent wrote it) and committed `done`, as the model
+    judge would."""
+    with override_settings(LOOP_LLM_BASE_URL="http://127.0.0.1:9/v1", LOOP_CONFIRM_PLANS="always"):
         task = actions.create_task_from_goal(goal="Plan it.", actor="test", user=SYSTEM)
+        given(task, "dad-agent")
         taken = post(planner, f"/api/tasks/{task.pk}/next", {}).json()
         assert taken["step"]["key"] == "plan", taken
         added = post(planner, f"/api/tasks/{task.pk}/steps", {"steps": [step("after")]})
@@ -146,6 +159,13 @@ ENDPOINTS = [
         "api_approve",
         "POST",
         lambda w: (f"/api/tasks/{w.proposed.pk}/approve", {}),
+        200,
+        "approve a plan",
+    ),
+    Endpoint(
+        "api_decline",
+        "POST",
+        lambda w: (f"/api/tasks/{w.proposed.pk}/decline", {"note": "no"}),
         200,
         "approve a plan",
     ),
@@ -241,12 +261,30 @@ COLUMNS = (
     "expired",
     "no permission",
     "other lease",
+    "not its task",
+    "not a person",
 )
+# The endpoints that act on one task (an agent acts only on the tasks it drives).
+ON_A_TASK = {
+    "api_add_steps",
+    "api_pause",
+    "api_resume",
+    "api_supersede",
+    "api_next",
+    "api_release",
+    "api_commit",
+    "api_renew",
+    "api_effects",
+}
 
 
 def applies(endpoint: Endpoint, column: str) -> bool:
     if endpoint.public:
         return column in ("allowed", "anonymous")
+    if column == "not its task":
+        return endpoint.name in ON_A_TASK
+    if column == "not a person":
+        return endpoint.act in permissions.PERSON_ONLY
     return column != "other lease" or endpoint.lease
 
 
@@ -304,8 +342,10 @@ def user_without(act: str) -> User:
 @pytest.mark.parametrize(("endpoint", "column"), CASES)
 def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path) -> None:
     cache.clear()  # each case starts unthrottled: earlier cases' refused tokens are forgotten
-    pippa_token = issue(name="pippa", user=dad)[1]
+    person = endpoint.act in permissions.PERSON_ONLY
+    pippa_token = issue(name="pippa", user=dad, answers=person and column == "allowed")[1]
     holder = agent_client(pippa_token)
+    driver = "pippa"
     asker: Client
     if column == "allowed":
         asker = holder
@@ -329,13 +369,17 @@ def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path
         lacking = user_without(endpoint.act or "answer questions")
         # Its own lease, taken while it still had the right: the lease alone is not enough.
         lacking.user_permissions.add(*permission_objects(permissions.DRIVE))
-        asker = agent_client(issue(name="lacking", user=lacking)[1])
+        asker = agent_client(issue(name="lacking", user=lacking, answers=person)[1])
         if endpoint.lease and endpoint.name != "api_next":
-            holder = asker
+            holder, driver = asker, "lacking"
+    elif column == "not its task":  # every permission, but the task is another agent's
+        asker = agent_client(issue(name="stranger", user=dad)[1])
+    elif column == "not a person":  # every permission, and the task is its own: still an agent
+        asker = holder
     else:  # other lease: another agent, with every permission, and the holder's lease token
         asker = agent_client(issue(name="helper", user=dad)[1])
 
-    world = build_world(holder, file_root)
+    world = build_world(holder, driver, file_root)
     if column == "no permission":
         revoke_drive = endpoint.act == "drive a step"
         lacking = User.objects.get(username="nobody-for-this")
@@ -368,12 +412,13 @@ def test_auth_matrix(endpoint: Endpoint, column: str, dad: User, file_root: Path
         assert answer["detail"] == f"you may not {endpoint.act} ({', '.join(answer['missing'])})"
         [event] = Event.objects.filter(kind=EventKind.DECISION_REFUSED).order_by("pk")[refused:]
         assert event.actor == "agent:lacking" and event.data["action"] == endpoint.act
-    else:
-        if endpoint.name in ("api_next", "api_release"):
-            assert response.status_code == 409, answer  # the task is held by the other agent
-            assert answer["error"].startswith(f"lease: task {world.held.task_id} is held by")
-        else:
-            assert response.status_code == 403, answer
-            assert answer["error"] == "lease_token: issued to another agent"
+    elif column == "not a person":
+        assert response.status_code == 403, answer
+        assert answer["detail"].startswith(f"only a person may {endpoint.act}: agent 'pippa'")
+    else:  # another agent's task (its lease, or simply not its own)
+        assert response.status_code == 403, answer
+        asking = "helper" if column == "other lease" else "stranger"
+        assert f"is not agent '{asking}''s to" in answer["detail"], answer
+        assert "an agent acts only on the tasks it created or a person gave it" in answer["detail"]
     assert snapshot() == before
     assert not (world.file_root / "w.txt").exists()

@@ -230,20 +230,21 @@ def pippa_agent(dad: User) -> Agent:
     return Agent(token)
 
 
-def test_through_the_api_an_answer_then_an_edit_then_next_asks_again(
-    pippa_agent: Agent, receiver: Receiver, staff: Client
+def test_through_the_api_an_approval_then_an_edit_then_next_asks_again(
+    pippa_agent: Agent, receiver: Receiver, staff: Client, dad: User
 ) -> None:
+    """The agent's plan waits for Dad; his approval covers the call he saw; an edit after it
+    clears it, and the agent's `next` gets a question, not the step."""
     made = pippa_agent.post(
         "/api/tasks",
         {"title": "pay", "steps": [post(receiver.url(), confirm_before=True)]},
     ).json()
     task = Task.objects.get(pk=made["id"])
     pay = Step.objects.get(task=task)
-    asked = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
-    assert asked["step"] is None
-    assert asked["task"]["steps"][0]["question"]["kind"] == "may_i"
-    answer = pippa_agent.post(f"/api/steps/{pay.pk}/unblock", {"decision": "allow"})
-    assert answer.status_code == 200 and answer.json()["state"] == "pending"
+    assert made["waits_for_approval"]
+    assert pippa_agent.post(f"/api/tasks/{task.pk}/next").status_code == 409  # paused
+    actions.approve_plan(task_id=task.pk, actor="dad", user=dad)
+    assert Step.objects.get(pk=pay.pk).authorized_by == "dad"
 
     admin_edit(staff, task, pay, args=json.dumps(paying(receiver.url(), 5000)))
     again = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
@@ -255,16 +256,16 @@ def test_through_the_api_an_answer_then_an_edit_then_next_asks_again(
 
 
 def test_api_effects_sends_only_the_call_dad_allowed(
-    pippa_agent: Agent, receiver: Receiver, file_root: Path
+    pippa_agent: Agent, receiver: Receiver, file_root: Path, dad: User
 ) -> None:
     """Dad allowed a file.write; the agent holding the step tries an http.post and an
     email.send under it, and a write elsewhere: each is a 409 naming the difference,
     journaled, and nothing happens until it makes the call that was allowed."""
     write = {"path": "note.txt", "content": "hello"}
-    task = make_task(step("w", "file.write", args=write, confirm_before=True))
+    task = make_task(step("w", "file.write", args=write, confirm_before=True), driver="pippa")
     w = Step.objects.get(task=task)
     assert pippa_agent.post(f"/api/tasks/{task.pk}/next").json()["step"] is None
-    pippa_agent.post(f"/api/steps/{w.pk}/unblock", {"decision": "allow"})
+    actions.unblock(step_id=w.pk, decision="allow", actor="dad", user=dad)
     taken = pippa_agent.post(f"/api/tasks/{task.pk}/next").json()
     assert taken["step"]["key"] == "w"
     held = {"lease_token": taken["lease_token"], "step": w.pk}

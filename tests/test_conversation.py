@@ -21,9 +21,9 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.html import escape
 
-from loop import plans, schedules
+from loop import actions, plans, schedules
 from loop.api.core import issue
-from loop.models import Event, Message, Schedule, Task
+from loop.models import AgentToken, Event, Message, Schedule, Task
 from loop.permissions import SYSTEM
 from loop.serialize import task_dict
 
@@ -36,13 +36,14 @@ def shell(*args: str) -> str:
     return out.getvalue()
 
 
-def test_say_and_conversation_json_oldest_first(db: None) -> None:
+def test_say_and_conversation_json_oldest_first(dad: User) -> None:
+    User.objects.create_user("mum")
     first = int(shell("say", "every Monday at 8, email me the numbers", "--as", "dad"))
-    second = int(shell("say", "noted", "--as", "pippa"))
+    second = int(shell("say", "noted", "--as", "mum"))
     said = json.loads(shell("conversation", "--json"))
     assert [(m["id"], m["author"], m["text"]) for m in said] == [
         (first, "dad", "every Monday at 8, email me the numbers"),
-        (second, "pippa", "noted"),
+        (second, "mum", "noted"),
     ]
     assert set(said[0]) == {"id", "author", "text", "at"}
     assert "dad:" in shell("conversation")
@@ -56,8 +57,8 @@ def test_say_refuses_an_empty_message(db: None) -> None:
 
 
 class Agent:
-    def __init__(self, user: User) -> None:
-        _, token = issue(name="pippa", user=user)
+    def __init__(self, user: User, answers: bool = False) -> None:
+        _, token = issue(name="pippa", user=user, answers=answers)
         self.client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
 
     def post(self, path: str, body: Any, key: str | None = None) -> Any:
@@ -88,7 +89,15 @@ def test_messages_over_the_api_replay_their_receipt(db: None, dad: User) -> None
 
 
 def test_schedules_over_the_api(db: None, dad: User) -> None:
-    agent = Agent(dad)
+    """A schedule answers "May I do this?" ahead of time: only a person makes one (here Dad's
+    own client, a token made with --answers); an agent token is refused."""
+    refused = Agent(dad).post("/api/schedules", {"title": "x", "schedule": "0 8 * * *"})
+    assert (
+        refused.status_code == 403
+        and "only a person may create a schedule" in refused.json()["detail"]
+    )
+    AgentToken.objects.all().delete()
+    agent = Agent(dad, answers=True)
     plan = {
         "title": "numbers",
         "schedule": "0 8 * * MON",
@@ -121,6 +130,7 @@ def test_each_task_records_its_origin(db: None, dad: User) -> None:
     assert task_dict(by_plan)["origin"] == {"kind": "plan"}
     assert task_dict(by_api)["origin"] == {"kind": "api"}
     assert task_dict(by_dashboard)["origin"] == {"kind": "dashboard"}
+    actions.give(task_id=by_plan.pk, agent="pippa", actor="dad", user=dad)
     replaced = agent.post(
         f"/api/tasks/{by_plan.pk}/supersede", {"title": "again", "steps": [step("b")]}
     )

@@ -305,7 +305,7 @@ def test_the_api_add_steps_refuses_naming_the_field(
 
 def test_the_api_commit_and_effects_take_only_json_values_too(pippa_agent: Agent) -> None:
     """Any API body, not just plans: a NaN output would have hit the JSON check (a 500)."""
-    task = make_task(step("a"))
+    task = make_task(step("a"), driver="pippa")
     taken = pippa_agent.post(f"/api/tasks/{task.pk}/next", b"").json()
     token = json.dumps(taken["lease_token"])
     body = '{"lease_token": ' + token + ', "verdict": "done", "output": {"x": NaN}}'

@@ -122,7 +122,9 @@ def test_a_goal_planned_by_the_model_then_run_to_done(
             False,
             [],
         )
-        proc = start_runloop(env=model_env(model), log=tmp_path / "runloop.log")
+        # The seeds' older rule: a plan Pippa writes runs at once, its side effects too.
+        env = model_env(model, LOOP_CONFIRM_PLANS="never")
+        proc = start_runloop(env=env, log=tmp_path / "runloop.log")
         processes.append(proc)
         wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.DONE, timeout=90)
         kill(proc)
@@ -191,6 +193,12 @@ def test_with_confirm_plans_nothing_runs_before_dad_approves(
             actions.resume(task_id=task.pk, actor="dad", user=dad)
 
         actions.approve_plan(task_id=task.pk, actor="dad", user=dad)
+        # `send` posts what `word` wrote: Dad is asked again once its body is known.
+        send = task.steps.get(key="send")
+        wait_for(lambda: Step.objects.get(pk=send.pk).state == StepState.BLOCKED, timeout=90)
+        assert "Berlin is sunny." in Step.objects.get(pk=send.pk).question_text
+        assert receiver.requests == []
+        actions.unblock(step_id=send.pk, decision="allow", actor="dad", user=dad)
         wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.DONE, timeout=90)
         kill(proc)
     assert moves(task)[:2] == [
@@ -391,7 +399,8 @@ def test_the_api_creates_a_task_from_a_goal_and_names_the_field_when_refused(
     assert [s["key"] for s in task["steps"]] == ["plan"]
     assert Task.objects.get(pk=task["id"]).instructions == "Plan a trip.\nTo Rome."
 
-    early = agent.post(f"/api/tasks/{task['id']}/approve")
+    phone = Agent(issue(name="dads-phone", user=dad, answers=True)[1])  # Dad's own client
+    early = phone.post(f"/api/tasks/{task['id']}/approve")
     assert early.status_code == 409 and "no plan of it waits" in early.json()["error"]
 
 
@@ -399,12 +408,12 @@ def test_the_api_creates_a_task_from_a_goal_and_names_the_field_when_refused(
 def test_the_api_approves_a_waiting_plan(
     llm: Any, worker: Worker, dad: User, settings: Any
 ) -> None:
-    settings.LOOP_CONFIRM_PLANS = True
+    settings.LOOP_CONFIRM_PLANS = "always"
     llm(planner("http://127.0.0.1:9/weather"))
     task = actions.create_task_from_goal(goal=GOAL, actor="dad", user=SYSTEM)
     run_until_idle(worker)
     assert Task.objects.get(pk=task.pk).state == TaskState.PAUSED
-    _, token = issue(name="pippa", user=dad)
+    _, token = issue(name="dads-phone", user=dad, answers=True)
     approved = Agent(token).post(f"/api/tasks/{task.pk}/approve")
     assert approved.status_code == 200 and approved.json()["state"] == "running"
     assert moves(task)[-1] == ("paused", "running", goals.APPROVED)
@@ -449,13 +458,13 @@ def test_the_new_task_page_takes_a_goal_and_names_the_field(settings: Any, dad: 
 def test_dad_approves_the_plan_with_one_click(
     llm: Any, worker: Worker, dad: User, guest: User, settings: Any
 ) -> None:
-    settings.LOOP_CONFIRM_PLANS = True
+    settings.LOOP_CONFIRM_PLANS = "always"
     llm(planner("http://127.0.0.1:9/weather"))
     task = actions.create_task_from_goal(goal=GOAL, actor="dad", user=SYSTEM)
     run_until_idle(worker)
     url = reverse("loop:approve", args=[task.pk])
     home = logged_in(dad).get(reverse("loop:home")).content.decode()
-    assert "the plan waits for your approval" in home and url in home
+    assert "waits for your approval" in home and url in home
     # it is in "Needs you" too, counted with the questions
     assert f'id="plan-waits-{task.pk}"' in home and 'data-count="1"' in home
     page = logged_in(dad).get(reverse("loop:task", args=[task.pk])).content.decode()

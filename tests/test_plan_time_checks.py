@@ -168,6 +168,7 @@ def test_an_agents_effect_call_is_checked_once_its_args_are_resolved(
     task = make_task(
         step("where", args={"value": "x"}),
         step("w", "file.write", args={"path": "${where.value}", "content": "y"}),
+        driver="pippa",
     )
     first = post(f"/api/tasks/{task.pk}/next", {}).json()
     done = {"lease_token": first["lease_token"], "verdict": "done", "output": {"value": "../x"}}

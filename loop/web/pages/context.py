@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from ... import goals, health, lease, open_steps, questions, transcript
+from ... import goals, health, lease, open_steps, plans, questions, transcript
 from ...models import (
     ENDED_TASK_STATES,
     Effect,
@@ -118,6 +118,15 @@ class Proposal:
     @property
     def rows(self) -> list[tuple[Step, questions.Request | None]]:
         return [(s, self.calls.get(s.pk)) for s in self.steps]
+
+    @property
+    def later(self) -> set[int]:
+        """The side-effect steps whose call waits for an earlier output: asked when they run."""
+        return {pk for pk in self.calls if plans.references(self.by_id[pk].args)}
+
+    @property
+    def by_id(self) -> dict[int, Step]:
+        return {s.pk: s for s in self.steps}
 
 
 def proposal_of(task: Task) -> Proposal | None:
