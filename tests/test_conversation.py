@@ -91,19 +91,17 @@ def test_messages_over_the_api_replay_their_receipt(db: None, dad: User) -> None
 def test_schedules_over_the_api(db: None, dad: User) -> None:
     """A schedule answers "May I do this?" ahead of time: only a person makes one (here Dad's
     own client, a token made with --answers); an agent token is refused."""
-    refused = Agent(dad).post("/api/schedules", {"title": "x", "schedule": "0 8 * * *"})
-    assert (
-        refused.status_code == 403
-        and "only a person may create a schedule" in refused.json()["detail"]
-    )
-    AgentToken.objects.all().delete()
-    agent = Agent(dad, answers=True)
     plan = {
         "title": "numbers",
         "schedule": "0 8 * * MON",
         "timezone": "Europe/Berlin",
         "steps": [step("a")],
     }
+    refused = Agent(dad).post("/api/schedules", plan)
+    assert refused.status_code == 403
+    assert "only a person may create a schedule" in refused.json()["detail"]
+    AgentToken.objects.all().delete()
+    agent = Agent(dad, answers=True)
     with time_machine.travel(datetime(2026, 6, 3, 12, tzinfo=UTC), tick=False):
         made = agent.post("/api/schedules", plan)
     assert made.status_code == 201, made.content
