@@ -50,9 +50,11 @@ from . import (
     journal,
     lease,
     open_steps,
+    plans,
     questions,
     sql,
     tools,
+    transcript,
 )
 from .effects import Holder
 from .judges import Judge, Verdict, Work
@@ -414,6 +416,7 @@ def _fail(step: Step, actor: str, error: str) -> None:
         kind=EventKind.STEP_FAILED,
         actor=actor,
         fields={"error": error, "finished_at": timezone.now(), "retry_at": None},
+        data={"error": error},
     )
 
 
@@ -423,23 +426,62 @@ def _fail(step: Step, actor: str, error: str) -> None:
 def perform(turn: Sequence[Started]) -> list[tuple[Started, Verdict]]:
     """These started steps through their judges (inside no transaction: the outbox commits
     on its own), each judge's steps together; their verdicts. A step whose lease moved on is
-    dropped (its new holder finishes it)."""
+    dropped (its new holder finishes it). One step's trouble is its own: an exception while
+    it was judged is its retry, and a verdict the database could not store is made storable
+    (`_storable`), so the others' verdicts commit; only a failed write ends the tick."""
     verdicts: dict[Started, Verdict | Fenced] = {}
     by_judge: dict[Judge, list[Started]] = {}
     for started in turn:
         by_judge.setdefault(judge_of(started.step), []).append(started)
     with writing(named(turn)):
         for judge, mine in by_judge.items():
-            work = [Work(s.step, s.holder, s.call) for s in mine]
-            verdicts.update(zip(mine, judge.perform(work), strict=True))
+            verdicts.update(zip(mine, _performed(judge, mine), strict=True))
     judged = []
     for started in turn:
         verdict = verdicts[started]
         if isinstance(verdict, Fenced):
             log.warning("task %s: %s", started.task_id, verdict.reason)
         else:
-            judged.append((started, verdict))
+            judged.append((started, _storable(started.step, verdict)))
     return judged
+
+
+def _performed(judge: Judge, mine: list[Started]) -> list[Verdict | Fenced]:
+    """`judge.perform` of these steps. If it raises — anything but a failed write (DESIGN.md
+    §11) — and which step broke is not known, each is performed again alone (what went out
+    is answered from its receipt); the step that breaks alone gets a retry naming the
+    exception, which counts toward its attempts, so the cap ends it."""
+    try:
+        return judge.perform([Work(s.step, s.holder, s.call) for s in mine])
+    except DatabaseError:
+        raise
+    except lease.LeaseLost as exc:
+        if len(mine) == 1:
+            return [Fenced(str(exc))]
+        return [verdict for one in mine for verdict in _performed(judge, [one])]
+    except Exception as exc:
+        if len(mine) > 1:
+            return [verdict for one in mine for verdict in _performed(judge, [one])]
+        log.exception("task %s step '%s': its judge failed", mine[0].task_id, mine[0].step.key)
+        return [Verdict.retry(f"step '{mine[0].step.key}': {type(exc).__name__}: {exc}")]
+
+
+def _storable(step: Step, verdict: Verdict) -> Verdict:
+    """The verdict as the database can store it: a NUL or a lone surrogate in its texts is
+    cleaned (`transcript.clean`); an output the database would refuse fails the step, naming
+    what is wrong, rather than the whole batch's commit."""
+    error = transcript.clean(verdict.error)[0]
+    ask = verdict.ask
+    if ask is not None:
+        ask = (ask[0], transcript.clean(ask[1])[0])
+    if verdict.kind == "done":
+        problem = plans.check_value({"output": verdict.output}, "output", limit=None)
+        if problem:
+            error = f"step '{step.key}': its output can't be stored: {problem}"
+            return replace(verdict, kind="failed", output=None, error=error)
+    if error != verdict.error or ask != verdict.ask:
+        return replace(verdict, error=error, ask=ask)
+    return verdict
 
 
 # ---- commit: the verdicts, fenced ----------------------------------------------------------
@@ -575,7 +617,11 @@ def _apply(task: Task, step: Step, verdict: Verdict, actor: str) -> None:
             kind=EventKind.STEP_RETRY,
             actor=actor,
             fields=fields,
-            data={"retry_at": retry_at.isoformat(), "error": verdict.error},
+            data={
+                "retry_at": retry_at.isoformat(),
+                "error": verdict.error,
+                **({"refund": True} if verdict.refund else {}),
+            },
         )
         Task.objects.filter(pk=task.pk).update(run_after=retry_at)
     elif verdict.kind == "blocked":

@@ -6,6 +6,11 @@ The writers keep it paired whatever fails: an assistant reply and its tool calls
 transcript that has none yet (`add_result` checks, in its transaction, and the unique
 constraint `transcript_one_result` backs it). Each write is its own commit unless the caller
 holds a transaction (then the result commits with what the call did, e.g. `add_steps`).
+
+Every text stored is valid UTF-8 without NUL, whatever the model or a tool sent (PostgreSQL
+refuses both, and a refused write would end the tick): a NUL is removed, a surrogate UTF-8
+cannot hold becomes U+FFFD (`clean`), and the entry says so in a last line of its text
+(`[changed to be stored: …]`) and in its journal event (`changed`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,45 @@ from . import journal
 from .models import EventKind, Step, TranscriptEntry
 
 Role = TranscriptEntry.Role
+CHANGED = "changed to be stored"
 
 
 class Orphan(Exception):
     """A result for a call the transcript does not hold, or holds a result for already."""
+
+
+def clean(text: str) -> tuple[str, str]:
+    """`text` as every database stores it — valid UTF-8, no NUL — and what was changed to
+    make it so ('' when nothing was)."""
+    if "\x00" not in text and (text.isascii() or _utf8(text)):
+        return text, ""
+    changes = []
+    nul = text.count("\x00")
+    if nul:
+        text = text.replace("\x00", "")
+        changes.append(f"{nul} NUL character{'s' if nul > 1 else ''} removed")
+    if not _utf8(text):
+        odd = sum(1 for c in text if "\ud800" <= c <= "\udfff")
+        # A pair split in two becomes its one character; a lone one U+FFFD.
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        changes.append(f"{odd} surrogate{'s' if odd > 1 else ''} UTF-8 cannot hold replaced")
+    return text, ", ".join(changes)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _cleaned(content: str, changes: list[str]) -> str:
+    """`content` with a last line saying what was changed, if anything was."""
+    if not changes:
+        return content
+    note = f"[{CHANGED}: {'; '.join(changes)}]"
+    return f"{content}\n{note}" if content else note
 
 
 def entries(step: Step) -> list[TranscriptEntry]:
@@ -42,9 +82,13 @@ def _next_seq(step: Step) -> int:
     return 0 if last is None else last + 1
 
 
-def _journaled(entry: TranscriptEntry, step: Step, actor: str) -> TranscriptEntry:
+def _journaled(
+    entry: TranscriptEntry, step: Step, actor: str, changes: list[str]
+) -> TranscriptEntry:
     """Journal the new entry in its transaction: the live pages follow the journal."""
     data: dict[str, Any] = {"seq": entry.seq, "role": entry.role}
+    if changes:
+        data["changed"] = "; ".join(changes)
     if entry.tool_call_id:
         data["tool_call_id"] = entry.tool_call_id
     if entry.effect_id:
@@ -56,6 +100,8 @@ def _journaled(entry: TranscriptEntry, step: Step, actor: str) -> TranscriptEntr
 def add(step: Step, role: str, content: str, *, actor: str = "") -> TranscriptEntry:
     """A system or user message."""
     assert role in (Role.SYSTEM, Role.USER), role
+    content, change = clean(content)
+    changes = [change] if change else []
     with transaction.atomic():
         entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
@@ -63,9 +109,9 @@ def add(step: Step, role: str, content: str, *, actor: str = "") -> TranscriptEn
             attempt=step.attempts,
             seq=_next_seq(step),
             role=role,
-            content=content,
+            content=_cleaned(content, changes),
         )
-        return _journaled(entry, step, actor)
+        return _journaled(entry, step, actor, changes)
 
 
 def add_reply(
@@ -78,6 +124,16 @@ def add_reply(
     actor: str = "",
 ) -> TranscriptEntry:
     """The model's reply with its calls, in one row: committed before any call runs."""
+    content, change = clean(content)
+    changes = [f"content: {change}"] if change else []
+    kept = []
+    for n, call in enumerate(tool_calls, start=1):
+        one = {}
+        for name, value in call.items():
+            one[name], change = clean(value)
+            if change:
+                changes.append(f"call {n}'s {name}: {change}")
+        kept.append(one)
     with transaction.atomic():
         entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
@@ -85,12 +141,12 @@ def add_reply(
             attempt=step.attempts,
             seq=_next_seq(step),
             role=Role.ASSISTANT,
-            content=content,
-            tool_calls=tool_calls,
+            content=_cleaned(content, changes),
+            tool_calls=kept,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
-        return _journaled(entry, step, actor)
+        return _journaled(entry, step, actor, changes)
 
 
 def add_result(
@@ -98,6 +154,8 @@ def add_result(
 ) -> TranscriptEntry:
     """The one result of the call `call_id`: refused (`Orphan`) unless that call is in the
     step's transcript without a result."""
+    content, change = clean(content)
+    changes = [change] if change else []
     with transaction.atomic():
         mine = TranscriptEntry.objects.filter(step_id=step.pk)
         asked = any(
@@ -115,11 +173,11 @@ def add_result(
             attempt=step.attempts,
             seq=_next_seq(step),
             role=Role.TOOL,
-            content=content,
+            content=_cleaned(content, changes),
             tool_call_id=call_id,
             effect_id=effect_id,
         )
-        return _journaled(entry, step, actor)
+        return _journaled(entry, step, actor, changes)
 
 
 @dataclass(frozen=True)

@@ -353,6 +353,17 @@ LOOP_LLM_TIMEOUT_SECONDS = env_float("LOOP_LLM_TIMEOUT_SECONDS", 60, low=0.1, hi
 LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000, low=1)
 # How long a tick keeps retrying an endpoint that is down before it parks the worker.
 LOOP_LLM_RETRY_SECONDS = env_float("LOOP_LLM_RETRY_SECONDS", 60, low=0, high=86400)
+# The model's bounds (DESIGN.md §12 "Bounds"). Sent as `max_tokens` with every request:
+LOOP_LLM_MAX_TOKENS = env_int("LOOP_LLM_MAX_TOKENS", 4096, low=1, high=500_000)
+# A reply's body: a longer one is not kept, and the attempt is over (its retry counts).
+LOOP_LLM_MAX_REPLY_BYTES = env_int("LOOP_LLM_MAX_REPLY_BYTES", 512 * 1024, low=1024)
+# One call's arguments (UTF-8 bytes), and the calls of one reply: the rest get an error result.
+LOOP_LLM_MAX_ARG_BYTES = env_int("LOOP_LLM_MAX_ARG_BYTES", 64 * 1024, low=16)
+LOOP_LLM_MAX_CALLS = env_int("LOOP_LLM_MAX_CALLS", 16, low=1, high=1000)
+# The tokens (prompt and completion, as the endpoint counts them) of a step, over its attempts.
+LOOP_LLM_STEP_TOKENS = env_int("LOOP_LLM_STEP_TOKENS", 1_000_000, low=1)
+# A model step whose attempt was given back this many times (the endpoint down) fails.
+LOOP_LLM_GIVE_BACKS = env_int("LOOP_LLM_GIVE_BACKS", 20, low=0, high=100_000)
 # A plan or revision written by Pippa or an agent waits for a person's approval (DESIGN.md §5,
 # "Who wrote it"): `side_effects` (one that adds side-effect steps waits; read-only ones run at
 # once), `always`, or `never` (the seeds' older rule: Pippa's and agents' side effects run

@@ -25,6 +25,12 @@ from .conftest import ROOT, process_env
         ("LOOP_HEARTBEAT_SECONDS", "0", "LOOP_HEARTBEAT_SECONDS must be 1 or more"),
         ("LOOP_IDLE_SLEEP_MS", "-200", "LOOP_IDLE_SLEEP_MS must be 1 or more"),
         ("EMAIL_PORT", "70000", "EMAIL_PORT must be between 1 and 65535"),
+        ("LOOP_LLM_MAX_TOKENS", "0", "LOOP_LLM_MAX_TOKENS must be between 1 and 500000"),
+        ("LOOP_LLM_MAX_REPLY_BYTES", "5MB", "LOOP_LLM_MAX_REPLY_BYTES must be a whole number"),
+        ("LOOP_LLM_MAX_ARG_BYTES", "8", "LOOP_LLM_MAX_ARG_BYTES must be 16 or more"),
+        ("LOOP_LLM_MAX_CALLS", "-1", "LOOP_LLM_MAX_CALLS must be between 1 and 1000"),
+        ("LOOP_LLM_STEP_TOKENS", "0", "LOOP_LLM_STEP_TOKENS must be 1 or more"),
+        ("LOOP_LLM_GIVE_BACKS", "-3", "LOOP_LLM_GIVE_BACKS must be between 0 and 100000"),
     ],
 )
 def test_a_setting_out_of_its_range_stops_the_process_naming_it(

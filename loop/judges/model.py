@@ -84,11 +84,20 @@ class ModelJudge:
         return None  # the model decides its calls while it runs
 
     def perform(self, turn: Sequence[Work]) -> list[Verdict | Fenced]:
+        """Each step's tick in turn; one that breaks is that step's retry, never its
+        neighbours' loss (a failed write still ends the tick: DESIGN.md §11)."""
         verdicts: list[Verdict | Fenced] = []
         for work in turn:
             call = tools.Call.of(work.step, work.holder.owner, work.holder.epoch)
-            with tools.calling(call):
-                verdicts.append(Tick(work.step, work.holder).run())
+            try:
+                with tools.calling(call):
+                    verdicts.append(Tick(work.step, work.holder).run())
+            except DatabaseError:
+                raise
+            except Exception as exc:
+                log.exception("step '%s': the model judge failed", work.step.key)
+                why = transcript.clean(f"{type(exc).__name__}: {exc}")[0]
+                verdicts.append(Verdict.retry(f"step '{work.step.key}': {why}"))
         return verdicts
 
 
@@ -124,14 +133,12 @@ class Tick:
         specs = tool_specs(step)
         for _ in range(int(settings.LOOP_LLM_MAX_TURNS)):
             rows = transcript.entries(step)
+            spent = self._over_budget(rows)
+            if spent is not None:
+                return spent
             answer = llm.complete(transcript.messages(rows), specs, on_retry=self._retrying)
             if isinstance(answer, llm.Unavailable):
-                # Not the step's fault: the attempt is given back, and the worker parks.
-                return Verdict.retry(
-                    f"{self.where}: model endpoint down: {answer.reason}",
-                    delay=float(settings.LOOP_LLM_RETRY_SECONDS),
-                    refund=True,
-                )
+                return self._given_back(answer.reason)
             if isinstance(answer, llm.Refused):
                 return Verdict.retry(f"{self.where}: {answer.reason}")
             entry = transcript.add_reply(
@@ -165,6 +172,39 @@ class Tick:
             "(LOOP_LLM_MAX_TURNS) without commit_step"
         )
 
+    def _over_budget(self, rows: list[TranscriptEntry]) -> Verdict | None:
+        """The step fails once its transcript's tokens (prompt and completion, as the
+        endpoint counted them, over every attempt) reach LOOP_LLM_STEP_TOKENS."""
+        budget = int(settings.LOOP_LLM_STEP_TOKENS)
+        used = sum(transcript.tokens(rows).values())
+        if used < budget:
+            return None
+        return Verdict.failed(
+            f"{self.where}: the step used {used} tokens, its budget LOOP_LLM_STEP_TOKENS "
+            f"({budget}): the model is asked no more"
+        )
+
+    def _given_back(self, reason: str) -> Verdict:
+        """The endpoint is down: not the step's fault, so the attempt is given back and the
+        worker parks; but a step given back LOOP_LLM_GIVE_BACKS times fails, with the reason."""
+        given = Event.objects.filter(
+            task_id=self.step.task_id,
+            step_id=self.step.pk,
+            kind=EventKind.STEP_RETRY,
+            data__refund=True,
+        ).count()
+        limit = int(settings.LOOP_LLM_GIVE_BACKS)
+        if given >= limit:
+            return Verdict.failed(
+                f"{self.where}: model endpoint down: {reason} (the attempt was given back "
+                f"{given} times, LOOP_LLM_GIVE_BACKS)"
+            )
+        return Verdict.retry(
+            f"{self.where}: model endpoint down: {reason}",
+            delay=float(settings.LOOP_LLM_RETRY_SECONDS),
+            refund=True,
+        )
+
     def _retrying(self, reason: str, delay: float) -> None:
         log.warning("%s: model endpoint: %s; retrying in %.2fs", self.where, reason, delay)
         with transaction.atomic():
@@ -185,6 +225,10 @@ class Tick:
         the call left without a result (a question for Dad, a busy or fenced effect)."""
         name = call.get("name", "")
         call_id = call.get("id", "")
+        refused = call.get("refused")
+        if refused:  # over a bound (llm.ToolCall): not run, its arguments not kept
+            self._refuse(call_id, name, refused)
+            return None
         if self._after_commit(entry, index):
             self._refuse(call_id, name, "not run: commit_step ended the step before this call")
             return None
@@ -195,6 +239,10 @@ class Tick:
             return None
         if not isinstance(args, dict):
             self._refuse(call_id, name, "the arguments must be a JSON object")
+            return None
+        problem = plans.check_value({"arguments": args}, "arguments", limit=None)
+        if problem:  # a NUL, NaN, a number or a depth no database stores
+            self._refuse(call_id, name, problem)
             return None
         if name == COMMIT:
             problem = _commit_problem(args)
@@ -463,7 +511,7 @@ def _commit_problem(args: dict[str, Any]) -> str:
             return f"commit_step: '{name}' must be a string"
     if verdict == "blocked" and not args.get("question"):
         return "commit_step: a 'blocked' verdict needs a 'question' for Dad"
-    problem = plans.check_value(args.get("output"), "output")
+    problem = plans.check_value(args, "arguments")  # what the verdict stores, output and texts
     if problem:
         return f"commit_step: {problem}"
     return ""

@@ -6,9 +6,13 @@ answering `POST /v1/chat/completions` from a script, and recording every request
         model.requests          # every request body, in order (JSON)
 
 A script is a list (one item per request, in turn) or a function `(request, n) -> item`.
-An item is a reply (`say`, `call`, `calls`, `commit`), `Status(code, headers)` (an error
-answer), `Slow(seconds, item)`, `Refuse(seconds)` (drop this connection and refuse new ones for that long), or a
+An item is a reply (`say`, `call`, `calls`, `commit`; a reply's `usage` and `finish_reason`
+may be given too), `Status(code, headers)` (an error answer), `Body(value, code)` (any JSON
+value as the whole body), `Raw(data, code)` (any bytes as the whole body), `Slow(seconds,
+item)`, `Refuse(seconds)` (drop this connection and refuse new ones for that long), or a
 callable run first (e.g. to SIGKILL a process) whose return value is the item.
+
+`GET /v1/models` answers a list of one model, as a real server does (a client's probe).
 """
 
 from __future__ import annotations
@@ -35,6 +39,24 @@ class Status:
 @dataclass(frozen=True)
 class Refuse:
     seconds: float
+
+
+@dataclass(frozen=True)
+class Body:
+    """Answer `value`, any JSON value (NaN, a lone surrogate and huge numbers included), as
+    the whole body: `{"choices": []}`, a list, a string."""
+
+    value: Any
+    code: int = 200
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Answer `data`, any bytes (not JSON, not UTF-8, megabytes), as the whole body."""
+
+    data: bytes
+    code: int = 200
+    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,14 @@ class ModelServer:
                 # and the client's delayed ACK hold each answer ~40 ms (no real server does).
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/v1/models":
+                    self._send(
+                        200, {"object": "list", "data": [{"id": "pippa", "object": "model"}]}
+                    )
+                else:
+                    self._send(404, {"error": {"message": f"no {self.path}"}})
+
             def do_POST(self) -> None:
                 began = time.perf_counter()
                 try:
@@ -140,16 +170,26 @@ class ModelServer:
                         item.code, {"error": {"message": f"scripted {item.code}"}}, item.headers
                     )
                     return
+                if isinstance(item, Body):
+                    self._send(item.code, item.value)
+                    return
+                if isinstance(item, Raw):
+                    self._send_bytes(item.code, item.data, {"Content-Type": item.content_type})
+                    return
                 self._send(200, model._completion(item, body))
                 with model._lock:
                     model.answered += 1
 
             def _send(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
+                self._send_bytes(
+                    code, data, {"Content-Type": "application/json", **(headers or {})}
+                )
+
+            def _send_bytes(self, code: int, data: bytes, headers: dict[str, str]) -> None:
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
+                for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
                 try:
@@ -208,6 +248,12 @@ class ModelServer:
             message["tool_calls"] = tool_calls
         prompt = sum(len(json.dumps(m)) for m in body.get("messages", [])) // 4
         completion = len(json.dumps(message)) // 4
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        finish = "tool_calls" if tool_calls else "stop"
         return {
             "id": f"chatcmpl-{len(self.requests)}",
             "object": "chat.completion",
@@ -217,14 +263,10 @@ class ModelServer:
                 {
                     "index": 0,
                     "message": message,
-                    "finish_reason": "tool_calls" if tool_calls else "stop",
+                    "finish_reason": item.get("finish_reason", finish),
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": item.get("usage", usage),
         }
 
 

@@ -1,6 +1,7 @@
 """Test tools: `test.record` writes every execution to a file; `test.flaky` fails transiently;
 `test.seen`, `test.seen_effect` and `test.seen_once` report what another connection sees while
-they run.
+they run; `test.garbled` answers an output no database stores (a tool that forgot
+`tools.storable`).
 
 Each record is one line, appended with a single O_APPEND write so processes killed at any moment
 leave whole lines:
@@ -115,6 +116,11 @@ def seen_effect(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
 def seen_once(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     """A side effect whose cut would ask "Did this happen?": a batch holds one at a time."""
     return _seen()
+
+
+@tool("test.garbled", args={})
+def garbled(args: dict[str, Any]) -> dict[str, Any]:
+    return {"text": "a\x00b"}
 
 
 @dataclass(frozen=True)
