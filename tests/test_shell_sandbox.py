@@ -150,6 +150,24 @@ def test_it_writes_in_the_file_root_and_nowhere_else(
 
 
 @once
+def test_a_link_a_command_plants_does_not_steer_the_loops_own_writes(
+    shell: Shell, file_root: Path, tmp_path: Path
+) -> None:
+    """file.write runs as root beside the sandbox's files: a link a command left where the
+    write puts its temporary file (its name follows from the effect id) is not written
+    through."""
+    victim = tmp_path / "victim"
+    victim.write_text("the host's own")
+    effect_id = "f" * 64
+    shell("ln", "-s", str(victim), f".out.txt.{effect_id[:16]}.tmp")
+    tools.get("file.write").run({"path": "out.txt", "content": "the plan's"}, effect_id)
+    assert victim.read_text() == "the host's own"
+    written = file_root / "out.txt"
+    assert not written.is_symlink() and written.read_text() == "the plan's"
+    assert written.stat().st_uid == sandbox_uid()  # and the sandbox may change it
+
+
+@once
 def test_the_environment_is_the_sandboxs_own_and_its_user_is_not_root(
     shell: Shell, monkeypatch: pytest.MonkeyPatch
 ) -> None:
