@@ -326,6 +326,15 @@ LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25, low=1)
 LOOP_LIVE_PG_POLL_MS = env_int("LOOP_LIVE_PG_POLL_MS", 2000, low=1)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
+# shell.run's sandbox (loop/tools/sandbox.py): bubblewrap; the user commands run as when the
+# worker is root (bin/install makes it); whether a step may ask for the host's network; bounds.
+LOOP_SHELL_BWRAP = os.environ.get("LOOP_SHELL_BWRAP", "bwrap")
+LOOP_SHELL_USER = os.environ.get("LOOP_SHELL_USER", "pippa-sandbox")
+LOOP_SHELL_NETWORK = env_bool("LOOP_SHELL_NETWORK", False)
+LOOP_SHELL_OUTPUT_BYTES = env_int("LOOP_SHELL_OUTPUT_BYTES", 100_000, low=1, high=10_000_000)
+LOOP_SHELL_PROCESSES = env_int("LOOP_SHELL_PROCESSES", 128, low=4, high=100_000)
+LOOP_SHELL_MEMORY_MB = env_int("LOOP_SHELL_MEMORY_MB", 2048, low=64, high=1 << 20)
+LOOP_SHELL_FILE_MB = env_int("LOOP_SHELL_FILE_MB", 1024, low=1, high=1 << 20)
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
 LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30, low=1)

@@ -1,5 +1,9 @@
 """file.read (read-only) and file.write (a side effect, safe to repeat), both confined to
-LOOP_FILE_ROOT."""
+LOOP_FILE_ROOT.
+
+The file root is also shell.run's workspace: when the worker is root, what file.write makes
+there (files and folders) belongs to the sandbox's user (`sandbox.handed_to`), so commands can
+read and change it."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from ..outcomes import EffectNotSent, EffectRejected
+from . import sandbox
 from .base import Arg, ProbeResult, ToolError, fixed, tool
 from .shown import Field
 
@@ -23,6 +28,22 @@ def confined(path: str) -> Path:
     if candidate != root and root not in candidate.parents:
         raise ToolError(f"path {path!r} is outside the file root")
     return candidate
+
+
+def make_folders(folder: Path, owner: tuple[int, int] | None) -> None:
+    """`folder` and its missing parents, as `mkdir -p`; each one made here is given to `owner`
+    (the sandbox's user: commands write where the loop's file tools do)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            made.mkdir()
+        except FileExistsError:
+            continue
+        if owner is not None:
+            os.chown(made, *owner, follow_symlinks=False)
 
 
 def _check_path(args: dict[str, Any]) -> list[str]:
@@ -103,9 +124,15 @@ def file_write(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
         raise EffectRejected(f"{args['path']!r} is a directory")
     data = args["content"].encode()
     tmp = target.with_name(f".{target.name}.{effect_id[:16]}.tmp")
+    owner = sandbox.handed_to()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as handle:
+        make_folders(target.parent, owner)
+        tmp.unlink(missing_ok=True)  # an earlier cut's, or a link planted in its place
+        # O_EXCL | O_NOFOLLOW: a new file of ours, never one a link points to.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as handle:
+            if owner is not None:
+                os.fchown(fd, *owner)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
