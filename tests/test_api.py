@@ -28,16 +28,14 @@ from pippa_site import urls as site_urls
 
 from . import conftest
 from .conftest import step
+from .support.cuts import cut, post, sent_not_recorded
+from .support.sinks import Receiver
 
 
 def make_task(*steps: dict[str, Any], **fields: Any) -> Any:
     """A task of Dad's, given to the agent `pippa` (an agent drives only tasks it created or was
     given; pass driver="" for one it was not)."""
     return conftest.make_task(*steps, **{"driver": "pippa", **fields})
-
-
-from .support.cuts import cut, post, sent_not_recorded
-from .support.sinks import Receiver
 
 
 class Agent:
