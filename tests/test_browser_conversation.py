@@ -11,6 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from loop import plans, schedules
@@ -85,9 +86,10 @@ def test_dad_writes_and_the_scheduled_payment_asks_him_instead_of_running(
     live_open(page)
     page.evaluate("window.__noReload = true")
 
-    # Pippa answers from the shell: the message arrives live, without a reload.
-    manage("say", "Understood, I will ask before paying.", "--as", "pippa")
-    expect(page.locator(".message").last).to_contain_text("Understood, I will ask before paying.")
+    # Mum answers from the shell: the message arrives live, without a reload.
+    User.objects.create_user("mum")
+    manage("say", "I will tell the plumber.", "--as", "mum")
+    expect(page.locator(".message").last).to_contain_text("I will tell the plumber.")
     assert still_same_page(page)
 
     worker = start_runloop(env=process_env(LOOP_IDLE_SLEEP_MS="50"), log=tmp_path / "runloop.log")
