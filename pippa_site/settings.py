@@ -7,11 +7,14 @@ channel layer, no other service. Scale-out: DATABASE_URL to PostgreSQL, REDIS_UR
 from __future__ import annotations
 
 import os
+import zoneinfo
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from loop import numbers
 
 from .private import UMASK, make_private
 
@@ -29,31 +32,28 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
 
 
-def _env_number(
-    name: str, default: float, parse: type, kind: str, low: float | None, high: float | None
-) -> Any:
+def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    """A whole number from the environment, in ASCII digits (`loop.numbers`), within its
+    bounds; ImproperlyConfigured naming the setting otherwise."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = parse(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be {kind}, not {raw!r}") from None
-    if not (low is None or low <= value) or not (high is None or value <= high):  # nan too
-        if low is not None and high is not None:
-            bounds = f"between {low:g} and {high:g}"
-        else:
-            bounds = f"{low:g} or more" if low is not None else f"{high:g} or less"
-        raise ImproperlyConfigured(f"{name} must be {bounds}, not {raw!r}")
-    return value
-
-
-def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
-    return int(_env_number(name, default, int, "a whole number", low, high))
+        return numbers.whole(raw, name, low=low, high=high)
+    except numbers.NotANumber as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_float(name: str, default: float, *, low: float, high: float) -> float:
-    return float(_env_number(name, default, float, "a number", low, high))
+    """A number (a fraction allowed; no exponent, nan or inf) from the environment, within its
+    bounds; ImproperlyConfigured naming the setting otherwise."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return numbers.number(raw, name, low=low, high=high)
+    except numbers.NotANumber as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -132,11 +132,19 @@ TEMPLATES = [
 ]
 
 
+def parse_database_url(url: str, setting: str, **options: Any) -> dict[str, Any]:
+    """A database URL as Django's settings for it; ImproperlyConfigured naming the setting."""
+    try:
+        return dict(dj_database_url.parse(url, **options))
+    except ValueError as exc:  # an unknown scheme, a port that is no number, …
+        raise ImproperlyConfigured(f"{setting}: not a database URL ({exc})") from None
+
+
 def database_from_url(url: str | None) -> dict[str, Any]:
     """SQLite by default; `sqlite:////abs/path` or `postgres://…` from DATABASE_URL."""
     if not url:
         url = f"sqlite:///{DATA_DIR / 'pippa.sqlite3'}"
-    config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    config = parse_database_url(url, "DATABASE_URL", conn_max_age=0)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # SQLite's own backend, but a writer waiting for the write lock gets its turn.
         config["ENGINE"] = "pippa_site.sqlite_turns"
@@ -166,7 +174,7 @@ for _pair in env_list("LOOP_SQL_DATABASES", []):
     _name, _, _url = _pair.partition("=")
     if not _url:
         raise ImproperlyConfigured(f"LOOP_SQL_DATABASES entry {_pair!r} must be name=url")
-    DATABASES[_name.strip()] = dict(dj_database_url.parse(_url.strip()))
+    DATABASES[_name.strip()] = parse_database_url(_url.strip(), f"LOOP_SQL_DATABASES {_name!r}")
 
 # DATA_DIR 0700, the SQLite files (and their -wal, -shm) 0600, including older ones.
 make_private(
@@ -228,6 +236,10 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+try:
+    zoneinfo.ZoneInfo(TIME_ZONE)
+except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfigured(f"TIME_ZONE: no time zone {TIME_ZONE!r}") from None
 USE_I18N = True
 USE_TZ = True
 
