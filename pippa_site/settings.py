@@ -326,6 +326,9 @@ LOOP_PRUNE_EVERY_SECONDS = env_int("LOOP_PRUNE_EVERY_SECONDS", 10, low=1)
 LOOP_RECEIPT_REPLAY_DAYS = env_float("LOOP_RECEIPT_REPLAY_DAYS", 30, low=0, high=36500)
 LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2, low=0)
 LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300, low=0)
+# A schedule may run at most this often (seconds): a cron that would run more often is refused,
+# naming its field (five cron fields can't run more often than once a minute).
+LOOP_SCHEDULE_MIN_SECONDS = env_int("LOOP_SCHEDULE_MIN_SECONDS", 60, low=60, high=366 * 86400)
 LOOP_CONFIRM_SIDE_EFFECTS = env_bool("LOOP_CONFIRM_SIDE_EFFECTS", False)
 LOOP_RESUME_UNSENT = os.environ.get("LOOP_RESUME_UNSENT", "scheduled")
 if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
