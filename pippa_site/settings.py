@@ -341,6 +341,16 @@ LOOP_LIVE_POLL_MS = env_int("LOOP_LIVE_POLL_MS", 25, low=1)
 LOOP_LIVE_PG_POLL_MS = env_int("LOOP_LIVE_PG_POLL_MS", 2000, low=1)
 LOOP_FILE_ROOT = os.environ.get("LOOP_FILE_ROOT", str(DATA_DIR / "files"))
 LOOP_SHELL_ENABLED = env_bool("LOOP_SHELL_ENABLED", False)
+# Secrets a tool call names as ${secret:NAME} (loop/tools/vault.py): PIPPA_SECRET_<NAME> from the
+# environment, else this file (JSON, or NAME=value lines), private to the user the loop runs as.
+LOOP_SECRETS_FILE = os.environ.get("LOOP_SECRETS_FILE", "")
+if LOOP_SECRETS_FILE:
+    from loop.tools import vault as _vault
+
+    try:
+        _vault.read_file(LOOP_SECRETS_FILE)
+    except _vault.SecretError as _exc:
+        raise ImproperlyConfigured(str(_exc)) from None
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
 LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30, low=1)

@@ -172,15 +172,11 @@ def _describe(method: str) -> Any:
     return describe
 
 
-# Header values a person approving a call need not read: credentials. Their presence is shown.
-SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
-SECRET_WORDS = ("token", "secret", "password", "apikey")
-
-
 def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
     def show(args: dict[str, Any]) -> list[Field]:
         """The request line, the headers as they will go out (the Idempotency-Key aside: it is
-        ours), and the body: JSON pretty-printed, text as written."""
+        ours), and the body: JSON pretty-printed, text as written. Every value in full: only a
+        secret (`${secret:NAME}`) is not shown, by its name (`Tool.request_view`)."""
         fields = [Field("Request", f"{method} {args.get('url', '')}", "code")]
         headers = {
             k: v for k, v in _headers(args.get("headers")).items() if k.lower() != "idempotency-key"
@@ -188,7 +184,7 @@ def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
         if "json" in args and not any(k.lower() == "content-type" for k in headers):
             headers["Content-Type"] = "application/json"
         if headers:
-            lines = [f"{name}: {_shown_value(name, value)}" for name, value in headers.items()]
+            lines = [f"{name}: {value}" for name, value in headers.items()]
             fields.append(Field("Headers", "\n".join(lines), "code"))
         if "json" in args:
             fields.append(Field("JSON body", json_text(args["json"]), "json"))
@@ -197,13 +193,6 @@ def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
         return fields
 
     return show
-
-
-def _shown_value(name: str, value: str) -> str:
-    lowered = name.lower()
-    if lowered in SECRET_HEADERS or any(word in lowered for word in SECRET_WORDS):
-        return f"(a credential, {len(value)} characters, not shown)"
-    return value
 
 
 def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
