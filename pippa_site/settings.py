@@ -365,6 +365,25 @@ try:
     _receivers(LOOP_IDEMPOTENT_RECEIVERS)
 except ValueError as _exc:
     raise ImproperlyConfigured(f"LOOP_IDEMPOTENT_RECEIVERS: {_exc}") from None
+# Where the http tools may not go (loop/tools/room.py): the site itself, where daphne listens
+# (host:port; bin/up's HOST and PORT by default), what the operator denies (CIDRs, addresses,
+# host names, each with an optional :port), and this host unless a receiver here is listed in
+# LOOP_HTTP_ALLOW (the same forms).
+_site = f"{os.environ.get('HOST') or '127.0.0.1'}:{os.environ.get('PORT') or '8000'}"
+LOOP_SITE_ADDRESSES = env_list("LOOP_SITE_ADDRESSES", [_site])
+LOOP_HTTP_DENY = env_list("LOOP_HTTP_DENY", [])
+LOOP_HTTP_ALLOW = env_list("LOOP_HTTP_ALLOW", [])
+for _setting, _entries in [
+    ("LOOP_SITE_ADDRESSES", LOOP_SITE_ADDRESSES),
+    ("LOOP_HTTP_DENY", LOOP_HTTP_DENY),
+    ("LOOP_HTTP_ALLOW", LOOP_HTTP_ALLOW),
+]:
+    from loop.tools.room import parse_all as _room
+
+    try:
+        _room(_entries, port_required=_setting == "LOOP_SITE_ADDRESSES")
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"{_setting}: {_exc}") from None
 # Plan input (CLI, dashboard, API, admin): bytes of the document and of the expanded plan, and
 # how deeply its values may nest (API bodies too). Larger API bodies are 413s at
 # DATA_UPLOAD_MAX_MEMORY_SIZE (Django's, 2.5 MB).
