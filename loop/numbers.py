@@ -24,12 +24,16 @@ class NotANumber(ValueError):
 
 def _bounds(low: float | None, high: float | None) -> str:
     if low is not None and high is not None:
-        return f" from {low:g} to {high:g}"
+        return f" from {_shown_bound(low)} to {_shown_bound(high)}"
     if low is not None:
-        return f" of {low:g} or more"
+        return f" of {_shown_bound(low)} or more"
     if high is not None:
-        return f" of {high:g} or less"
+        return f" of {_shown_bound(high)} or less"
     return ""
+
+
+def _shown_bound(bound: float) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def whole(
