@@ -156,7 +156,7 @@ def _own_identity() -> tuple[Any, ...] | None:
 
 def _refuse_own(db: BaseDatabaseWrapper, alias: str) -> None:
     """ToolError, before any statement, if the connection reached the loop's own database
-    (and LOOP_SQL_ALLOW_DEFAULT is off); also for `alias` itself being `default`."""
+    and LOOP_SQL_ALLOW_DEFAULT is off (the settings' look, `same_database`, missed it)."""
     if settings.LOOP_SQL_ALLOW_DEFAULT:
         return
     found = _identity(db)

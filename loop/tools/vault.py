@@ -156,11 +156,6 @@ def _strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from _strings(inner, f"{path}[{index}]")
 
 
-def names(value: Any) -> set[str]:
-    """Every name a `${secret:…}` inside `value` refers to."""
-    return {m.group(1) for _, text in _strings(value) for m in REFERENCE.finditer(text)}
-
-
 def problems(args: Any) -> list[str]:
     """What is wrong with the secrets `args` refer to ("args.headers.Authorization: no secret
     'PAY' (…)"), each once; [] if every one exists. A reference in a field's name (a dict key)
