@@ -136,6 +136,7 @@ def setup_django(folder: Path) -> dict[str, str]:
         PIPPA_DATA_DIR=str(folder),
         LOOP_MIN_FREE_MB="0",
         LOOP_LOG_LEVEL="WARNING",
+        LOOP_HTTP_ALLOW="127.0.0.1",  # its sink runs here (README "Tools")
         DJANGO_SETTINGS_MODULE="pippa_site.settings",
     )
     os.environ.update(env)

@@ -45,6 +45,7 @@ def setup_django(database_url: str, folder: Path, **extra: str) -> dict[str, str
         LOOP_MIN_FREE_MB="0",
         LOOP_LOG_LEVEL="WARNING",
         LOOP_IDLE_SLEEP_MS="20",
+        LOOP_HTTP_ALLOW="127.0.0.1",  # the benches' sinks run here (README "Tools")
         DJANGO_SETTINGS_MODULE="pippa_site.settings",
         **extra,
     )

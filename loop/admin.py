@@ -21,13 +21,14 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from . import actions, calls, plans
+from . import actions, calls, numbers, plans
 from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
 from .states import STEP
+from .web.forms import WholeNumberField
 from .web.pages import context
 from .web.pages.login import AdminLoginForm
 
@@ -57,6 +58,7 @@ class StepForm(forms.ModelForm):
     class Meta:
         model = Step
         fields = ("position", "key", *actions.PLAN_FIELDS)
+        field_classes = {"position": WholeNumberField, "max_attempts": WholeNumberField}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -125,12 +127,14 @@ class StepFormSet(BaseInlineFormSet):
         super().__init__(*args, **kwargs)
         assert self.queryset is not None  # the inline's steps of this task
         if self.is_bound:
-            total = self.data.get(f"{self.prefix}-TOTAL_FORMS", "0")
+            # Read before Django's own check of the management form: a count or an id that is
+            # no whole number names no step here (that check then refuses the form).
+            total = _whole_or_none(self.data.get(f"{self.prefix}-TOTAL_FORMS"), high=MAX_FORMS)
             ids = [
-                self.data.get(f"{self.prefix}-{n}-id", "")
-                for n in range(int(total) if str(total).isdigit() else 0)
+                _whole_or_none(self.data.get(f"{self.prefix}-{n}-id"), high=MAX_ID)
+                for n in range(total or 0)
             ]
-            self.queryset = self.queryset.filter(pk__in=[int(i) for i in ids if i.isdigit()])
+            self.queryset = self.queryset.filter(pk__in=[i for i in ids if i is not None])
         elif self.window is not None:
             low, high = self.window
             self.queryset = self.queryset.filter(position__gte=low, position__lt=high)
@@ -147,6 +151,27 @@ class StepFormSet(BaseInlineFormSet):
                 "position: pending steps can only be reordered among themselves "
                 f"(swap the numbers {', '.join(map(str, old))})"
             )
+
+
+MAX_FORMS = 1000  # Django's own bound on a formset's forms (DATA_UPLOAD_MAX_NUMBER_FIELDS…)
+MAX_ID = 2**63 - 1
+MAX_POSITION = 2**31 - 1
+
+
+def _whole_or_none(raw: Any, *, high: int) -> int | None:
+    try:
+        return numbers.whole(raw if isinstance(raw, str) else None, "value", low=0, high=high)
+    except numbers.NotANumber:
+        return None
+
+
+def steps_from(request: HttpRequest) -> int | None:
+    """`?steps_from=POSITION`: where the drawn window of steps begins (None: around the current
+    step); NotANumber naming it unless a whole number."""
+    raw = request.GET.get("steps_from")
+    if raw is None or raw == "":
+        return None
+    return numbers.whole(raw, "steps_from", low=0, high=MAX_POSITION)
 
 
 class StepInline(admin.TabularInline):
@@ -187,8 +212,7 @@ class StepInline(admin.TabularInline):
         the window of steps; the heading says which and links to the neighbouring ones."""
         formset = super().get_formset(request, obj, **kwargs)
         if isinstance(obj, Task):
-            start = request.GET.get("steps_from", "")
-            window = context.step_window(obj, int(start) if start.isdigit() else None)
+            window = context.step_window(obj, steps_from(request))
             if window.steps:
                 ours: Any = formset
                 ours.window = (window.steps[0].position, window.steps[-1].position + 1)
@@ -230,6 +254,19 @@ class TaskAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tasks are created from plans (dashboard, API, `manage.py plan`)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            steps_from(request)  # read again by the inline's formset, which can't answer a 400
+        except numbers.NotANumber as exc:
+            return HttpResponseBadRequest(f"{exc} (a step position)", content_type="text/plain")
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

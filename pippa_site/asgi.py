@@ -1,9 +1,16 @@
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pippa_site.settings")
-django_asgi_app = get_asgi_application()
+try:
+    django_asgi_app = get_asgi_application()
+except ImproperlyConfigured as exc:
+    # daphne imports this module first: a setting it can't take stops the server with one line
+    # naming it (as manage.py does), not a traceback.
+    sys.exit(f"settings: {exc}")
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

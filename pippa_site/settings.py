@@ -7,11 +7,14 @@ channel layer, no other service. Scale-out: DATABASE_URL to PostgreSQL, REDIS_UR
 from __future__ import annotations
 
 import os
+import zoneinfo
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from loop import numbers
 
 from .private import UMASK, make_private
 
@@ -29,31 +32,28 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
 
 
-def _env_number(
-    name: str, default: float, parse: type, kind: str, low: float | None, high: float | None
-) -> Any:
+def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    """A whole number from the environment, in ASCII digits (`loop.numbers`), within its
+    bounds; ImproperlyConfigured naming the setting otherwise."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = parse(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be {kind}, not {raw!r}") from None
-    if not (low is None or low <= value) or not (high is None or value <= high):  # nan too
-        if low is not None and high is not None:
-            bounds = f"between {low:g} and {high:g}"
-        else:
-            bounds = f"{low:g} or more" if low is not None else f"{high:g} or less"
-        raise ImproperlyConfigured(f"{name} must be {bounds}, not {raw!r}")
-    return value
-
-
-def env_int(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
-    return int(_env_number(name, default, int, "a whole number", low, high))
+        return numbers.whole(raw, name, low=low, high=high)
+    except numbers.NotANumber as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_float(name: str, default: float, *, low: float, high: float) -> float:
-    return float(_env_number(name, default, float, "a number", low, high))
+    """A number (a fraction allowed; no exponent, nan or inf) from the environment, within its
+    bounds; ImproperlyConfigured naming the setting otherwise."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return numbers.number(raw, name, low=low, high=high)
+    except numbers.NotANumber as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -132,11 +132,19 @@ TEMPLATES = [
 ]
 
 
+def parse_database_url(url: str, setting: str, **options: Any) -> dict[str, Any]:
+    """A database URL as Django's settings for it; ImproperlyConfigured naming the setting."""
+    try:
+        return dict(dj_database_url.parse(url, **options))
+    except ValueError as exc:  # an unknown scheme, a port that is no number, …
+        raise ImproperlyConfigured(f"{setting}: not a database URL ({exc})") from None
+
+
 def database_from_url(url: str | None) -> dict[str, Any]:
     """SQLite by default; `sqlite:////abs/path` or `postgres://…` from DATABASE_URL."""
     if not url:
         url = f"sqlite:///{DATA_DIR / 'pippa.sqlite3'}"
-    config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    config = parse_database_url(url, "DATABASE_URL", conn_max_age=0)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # SQLite's own backend, but a writer waiting for the write lock gets its turn.
         config["ENGINE"] = "pippa_site.sqlite_turns"
@@ -166,7 +174,7 @@ for _pair in env_list("LOOP_SQL_DATABASES", []):
     _name, _, _url = _pair.partition("=")
     if not _url:
         raise ImproperlyConfigured(f"LOOP_SQL_DATABASES entry {_pair!r} must be name=url")
-    DATABASES[_name.strip()] = dict(dj_database_url.parse(_url.strip()))
+    DATABASES[_name.strip()] = parse_database_url(_url.strip(), f"LOOP_SQL_DATABASES {_name!r}")
 
 # DATA_DIR 0700, the SQLite files (and their -wal, -shm) 0600, including older ones.
 make_private(
@@ -228,6 +236,10 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+try:
+    zoneinfo.ZoneInfo(TIME_ZONE)
+except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfigured(f"TIME_ZONE: no time zone {TIME_ZONE!r}") from None
 USE_I18N = True
 USE_TZ = True
 
@@ -314,6 +326,9 @@ LOOP_PRUNE_EVERY_SECONDS = env_int("LOOP_PRUNE_EVERY_SECONDS", 10, low=1)
 LOOP_RECEIPT_REPLAY_DAYS = env_float("LOOP_RECEIPT_REPLAY_DAYS", 30, low=0, high=36500)
 LOOP_RETRY_BASE_SECONDS = env_int("LOOP_RETRY_BASE_SECONDS", 2, low=0)
 LOOP_RETRY_MAX_SECONDS = env_int("LOOP_RETRY_MAX_SECONDS", 300, low=0)
+# A schedule may run at most this often (seconds): a cron that would run more often is refused,
+# naming its field (five cron fields can't run more often than once a minute).
+LOOP_SCHEDULE_MIN_SECONDS = env_int("LOOP_SCHEDULE_MIN_SECONDS", 60, low=60, high=366 * 86400)
 LOOP_CONFIRM_SIDE_EFFECTS = env_bool("LOOP_CONFIRM_SIDE_EFFECTS", False)
 LOOP_RESUME_UNSENT = os.environ.get("LOOP_RESUME_UNSENT", "scheduled")
 if LOOP_RESUME_UNSENT not in {"scheduled", "always"}:
@@ -335,6 +350,16 @@ LOOP_SHELL_OUTPUT_BYTES = env_int("LOOP_SHELL_OUTPUT_BYTES", 100_000, low=1, hig
 LOOP_SHELL_PROCESSES = env_int("LOOP_SHELL_PROCESSES", 128, low=4, high=100_000)
 LOOP_SHELL_MEMORY_MB = env_int("LOOP_SHELL_MEMORY_MB", 2048, low=64, high=1 << 20)
 LOOP_SHELL_FILE_MB = env_int("LOOP_SHELL_FILE_MB", 1024, low=1, high=1 << 20)
+# Secrets a tool call names as ${secret:NAME} (loop/tools/vault.py): PIPPA_SECRET_<NAME> from the
+# environment, else this file (JSON, or NAME=value lines), private to the user the loop runs as.
+LOOP_SECRETS_FILE = os.environ.get("LOOP_SECRETS_FILE", "")
+if LOOP_SECRETS_FILE:
+    from loop.tools import vault as _vault
+
+    try:
+        _vault.read_file(LOOP_SECRETS_FILE)
+    except _vault.SecretError as _exc:
+        raise ImproperlyConfigured(str(_exc)) from None
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
 LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30, low=1)
@@ -349,6 +374,25 @@ try:
     _receivers(LOOP_IDEMPOTENT_RECEIVERS)
 except ValueError as _exc:
     raise ImproperlyConfigured(f"LOOP_IDEMPOTENT_RECEIVERS: {_exc}") from None
+# Where the http tools may not go (loop/tools/room.py): the site itself, where daphne listens
+# (host:port; bin/up's HOST and PORT by default), what the operator denies (CIDRs, addresses,
+# host names, each with an optional :port), and this host unless a receiver here is listed in
+# LOOP_HTTP_ALLOW (the same forms).
+_site = f"{os.environ.get('HOST') or '127.0.0.1'}:{os.environ.get('PORT') or '8000'}"
+LOOP_SITE_ADDRESSES = env_list("LOOP_SITE_ADDRESSES", [_site])
+LOOP_HTTP_DENY = env_list("LOOP_HTTP_DENY", [])
+LOOP_HTTP_ALLOW = env_list("LOOP_HTTP_ALLOW", [])
+for _setting, _entries in [
+    ("LOOP_SITE_ADDRESSES", LOOP_SITE_ADDRESSES),
+    ("LOOP_HTTP_DENY", LOOP_HTTP_DENY),
+    ("LOOP_HTTP_ALLOW", LOOP_HTTP_ALLOW),
+]:
+    from loop.tools.room import parse_all as _room
+
+    try:
+        _room(_entries, port_required=_setting == "LOOP_SITE_ADDRESSES")
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"{_setting}: {_exc}") from None
 # Plan input (CLI, dashboard, API, admin): bytes of the document and of the expanded plan, and
 # how deeply its values may nest (API bodies too). Larger API bodies are 413s at
 # DATA_UPLOAD_MAX_MEMORY_SIZE (Django's, 2.5 MB).
@@ -383,7 +427,7 @@ LOOP_CONFIRM_PLANS = {"true": "always", "false": "never"}.get(
 )
 if LOOP_CONFIRM_PLANS not in {"side_effects", "always", "never"}:
     raise ImproperlyConfigured(
-        "LOOP_CONFIRM_PLANS must be side_effects, always or never, "
+        "LOOP_CONFIRM_PLANS: must be side_effects, always or never, "
         f"not {os.environ.get('LOOP_CONFIRM_PLANS')!r}"
     )
 LOOP_PLAN_MAX_BYTES = env_int("LOOP_PLAN_MAX_BYTES", 512 * 1024, low=1)

@@ -42,6 +42,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(ROOT / folder, quiet=2)
 
 
+# The tests' receivers (tests/support/sinks.py, the canned servers) listen on 127.0.0.1, which
+# the http tools refuse unless the operator lists it (loop/tools/room.py): the tests list it,
+# for this process and every child it starts. tests/test_http_deny.py takes it away again.
+RECEIVERS_HERE = "127.0.0.1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _receivers_on_loopback() -> Iterator[None]:
+    from django.test import override_settings
+
+    os.environ["LOOP_HTTP_ALLOW"] = RECEIVERS_HERE
+    with override_settings(LOOP_HTTP_ALLOW=[RECEIVERS_HERE]):
+        yield
+
+
 def step(key: str, tool: str = "echo", **fields: Any) -> dict[str, Any]:
     args = fields.pop("args", {"value": key} if tool == "echo" else {})
     return {"key": key, "tool": tool, "args": args, **fields}

@@ -188,7 +188,9 @@ def test_task_json_has_the_keys_scripts_rely_on(tmp_path: Path) -> None:
 def test_task_of_an_unknown_id_exits_nonzero() -> None:
     assert "id: no task 999999" in fails("task", "999999")
     assert "id: no task 999999" in fails("task", "999999", "--json")
-    assert "invalid int value" in fails("task", "seven")
+    assert "id: must be a whole number" in fails("task", "seven")
+    assert "id: must be a whole number" in fails("task", "١٢")  # int() would take it
+    assert "id: must be a whole number" in fails("task", "9" * 20)  # past any row id
 
 
 # ---- unblock -----------------------------------------------------------------------------------

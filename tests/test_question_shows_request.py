@@ -178,13 +178,16 @@ def test_a_long_body_folds_on_the_page_a_short_one_does_not(dad: User, worker: W
     assert f'<pre class="full">{escape(BODY)}</pre>' in fold
 
 
-def test_http_headers_are_shown_as_they_go_out_with_credentials_hidden(db: None) -> None:
+def test_http_headers_are_shown_as_they_go_out_only_a_secret_by_its_name(db: None) -> None:
+    """Nothing is hidden by a header name's shape (an attacker named the amount
+    `X-Secret-Amount`); only a secret reference is not shown, by its name."""
     view = tools.get("http.post").request_view(
         {
             "url": "https://example.com/hook",
             "headers": {
-                "Authorization": "Bearer s3cr3t-t0ken",
+                "Authorization": "Bearer ${secret:HOOK_TOKEN}",
                 "X-Auth-Token": "abc123",
+                "X-Secret-Amount": "1000000",
                 "idempotency-key": "mine",
                 "X-Request-Source": "pippa",
             },
@@ -195,9 +198,9 @@ def test_http_headers_are_shown_as_they_go_out_with_credentials_hidden(db: None)
     headers = texts["Headers"].text.splitlines()
     assert "X-Request-Source: pippa" in headers
     assert "Content-Type: application/json" in headers  # what the tool adds for JSON
-    assert "Authorization: (a credential, 19 characters, not shown)" in headers
-    assert "X-Auth-Token: (a credential, 6 characters, not shown)" in headers
-    assert not any("s3cr3t" in h or "abc123" in h or "mine" in h for h in headers)
+    assert "Authorization: Bearer [secret HOOK_TOKEN]" in headers
+    assert "X-Auth-Token: abc123" in headers and "X-Secret-Amount: 1000000" in headers
+    assert not any("mine" in h for h in headers)  # the Idempotency-Key is the tool's own
     assert texts["JSON body"] == Field("JSON body", json.dumps([1, {"a": None}], indent=2), "json")
     text_post = tools.get("http.put").request_view({"url": "http://h/x", "body": "a=1&b=2"})
     assert [(f.label, f.text) for f in text_post] == [

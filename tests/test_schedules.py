@@ -74,6 +74,23 @@ def test_the_time_zone_defaults_to_the_sites(db: None, settings: Any) -> None:
     ("fields", "error"),
     [
         ({"schedule": "61 * * * *"}, "schedule: not a cron expression '61 * * * *': Bad minute"),
+        # cronsim reads a sixth field as seconds: `* * * * * *` fired every second.
+        (
+            {"schedule": "* * * * * *"},
+            "schedule: '* * * * * *' has 6 fields; a schedule has five (minute, hour, day of "
+            "month, month, day of week) or is one of @hourly, @daily, @weekly, @monthly, @yearly",
+        ),
+        (
+            {"schedule": "0 8 * *"},
+            "schedule: '0 8 * *' has 4 fields; a schedule has five (minute, hour, day of "
+            "month, month, day of week) or is one of @hourly, @daily, @weekly, @monthly, @yearly",
+        ),
+        (
+            {"schedule": "@reboot"},
+            "schedule: '@reboot' is not one of @hourly, @daily, @weekly, @monthly, @yearly "
+            "(or five cron fields)",
+        ),
+        ({"schedule": "0 ² * * *"}, "schedule: not a cron expression '0 ² * * *': Bad hour"),
         ({"schedule": ""}, "schedule: must be a cron expression, such as '0 8 * * MON'"),
         (
             {"schedule": "0 8 * * *", "timezone": "Mars/Olympus"},
@@ -88,6 +105,58 @@ def test_a_bad_schedule_is_refused_naming_the_field(
     with pytest.raises(plans.PlanError) as refused:
         plans.validate({"title": "t", **fields, "steps": [step("a")]})
     assert refused.value.errors == [error]
+
+
+@pytest.mark.parametrize(
+    ("least", "expr", "said"),
+    [
+        (300, "*/2 * * * *", "its minute field runs it 2 minutes apart (as at 00:02 and 00:04)"),
+        (3600, "0,30 9 * * *", "its minute field runs it 30 minutes apart (as at 09:00 and 09:30)"),
+        (7200, "0 8,9 * * *", "its hour field runs it 1 hour apart (as at 08:00 and 09:00)"),
+        (7200, "@hourly", "its hour field runs it 1 hour apart (as at 01:00 and 02:00)"),
+        (2 * 86400, "0 0 * * 5,6", "its day field runs it 1 day apart (as at 02 Jan and 03 Jan)"),
+    ],
+)
+def test_a_schedule_that_runs_more_often_than_the_setting_allows_is_refused_naming_the_field(
+    db: None, settings: Any, least: int, expr: str, said: str
+) -> None:
+    settings.LOOP_SCHEDULE_MIN_SECONDS = least
+    with pytest.raises(plans.PlanError) as refused:
+        plans.validate({"title": "t", "schedule": expr, "steps": [step("a")]})
+    [error] = refused.value.errors
+    assert error.startswith(f"schedule: '{expr}': {said}; a schedule runs at most every "), error
+    assert error.endswith("(LOOP_SCHEDULE_MIN_SECONDS)")
+    settings.LOOP_SCHEDULE_MIN_SECONDS = 60
+    assert plans.validate({"title": "t", "schedule": expr, "steps": [step("a")]}).schedule == expr
+
+
+@pytest.mark.parametrize(
+    ("word", "first"),
+    [
+        ("@hourly", datetime(2026, 6, 1, 13, tzinfo=BERLIN)),
+        ("@daily", datetime(2026, 6, 2, 0, tzinfo=BERLIN)),
+        ("@weekly", datetime(2026, 6, 7, 0, tzinfo=BERLIN)),  # Sunday
+        ("@monthly", datetime(2026, 7, 1, 0, tzinfo=BERLIN)),
+        ("@yearly", datetime(2027, 1, 1, 0, tzinfo=BERLIN)),
+    ],
+)
+def test_the_documented_words_are_schedules(db: None, word: str, first: datetime) -> None:
+    with time_machine.travel(datetime(2026, 6, 1, 12, 30, tzinfo=BERLIN), tick=False):
+        schedule = make_schedule(word, "Europe/Berlin")
+    assert schedule.cron == word and schedule.next_due == first
+
+
+def test_a_six_field_schedule_already_stored_is_switched_off_not_fired_every_second(
+    db: None,
+) -> None:
+    schedule = make_schedule("0 8 * * *")
+    Schedule.objects.filter(pk=schedule.pk).update(
+        cron="* * * * * *", next_due=datetime(2026, 1, 1, tzinfo=UTC)
+    )  # written before six fields were refused
+    assert schedules.fire_due(actor="w1") == []
+    schedule.refresh_from_db()
+    assert not schedule.enabled and "has 6 fields" in schedule.last_error
+    assert not ScheduleRun.objects.exists()
 
 
 def test_a_second_schedule_of_the_same_name_is_refused_and_nothing_is_created(
@@ -208,6 +277,27 @@ DST = {
         utc(2026, 10, 30, 12),
         [utc(2026, 10, 31, 5, 30), utc(2026, 11, 1, 5, 30), utc(2026, 11, 2, 6, 30)],
     ),
+    # A step expression at a fixed hour runs on the clock's face too (issue 24: cronsim's
+    # Debian rule ran it by the real clock, twice in October and not at all in March). Spring:
+    # every slot of the skipped 02:xx folds into one run right after the change, at 03:00.
+    "berlin-spring-every-15-at-2": (
+        "Europe/Berlin",
+        "*/15 2 * * *",
+        utc(2026, 3, 28, 0, 30),
+        [utc(2026, 3, 28, 1, m) for m in (0, 15, 30, 45)]
+        + [utc(2026, 3, 29, 1, 0)]
+        + [utc(2026, 3, 30, 0, m) for m in (0, 15, 30, 45)]
+        + [utc(2026, 3, 31, 0, m) for m in (0, 15, 30)],
+    ),
+    # Autumn: 02:00-02:45 happen twice; each runs once, at its first occurrence (CEST).
+    "berlin-autumn-every-15-at-2": (
+        "Europe/Berlin",
+        "*/15 2 * * *",
+        utc(2026, 10, 23, 12),
+        [utc(2026, 10, 24, 0, m) for m in (0, 15, 30, 45)]
+        + [utc(2026, 10, 25, 0, m) for m in (0, 15, 30, 45)]
+        + [utc(2026, 10, 26, 1, m) for m in (0, 15, 30, 45)],
+    ),
     # A daily 08:00 keeps its local time across the change: its UTC time moves by an hour.
     "berlin-spring-0800": (
         "Europe/Berlin",
@@ -232,6 +322,17 @@ def test_a_daylight_saving_change_neither_fires_a_slot_twice_nor_skips_one(
     with time_machine.travel(start, tick=False):
         make_schedule(cron, zone)
     assert poll(start, hours=72) == expected
+
+
+def test_every_other_hour_runs_at_two_once_when_the_clocks_go_back(db: None) -> None:
+    start = utc(2026, 10, 24, 19)
+    with time_machine.travel(start, tick=False):
+        make_schedule("0 */2 * * *", "Europe/Berlin")
+    fired = poll(start, hours=12, every_minutes=10)
+    # 22:00, 00:00, 02:00 CEST, then 04:00, 06:00, 08:00 CET: not 02:00 CEST and 02:00 CET.
+    assert fired == [utc(2026, 10, 24, 20), utc(2026, 10, 24, 22), utc(2026, 10, 25, 0)] + [
+        utc(2026, 10, 25, h) for h in (3, 5, 7)
+    ]
 
 
 @pytest.mark.parametrize(

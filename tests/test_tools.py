@@ -13,7 +13,7 @@ import dj_database_url
 import pytest
 from django.conf import settings as django_settings
 from django.core.mail.backends.smtp import EmailBackend as SmtpBackend
-from django.db import transaction
+from django.db import connection, transaction
 
 from loop import journal, plans, tools
 from loop.judges import Verdict, Work
@@ -489,6 +489,95 @@ def test_the_loops_own_database_is_off_limits(
     b = Step.objects.get(task=task, key="b")
     assert b.state == "failed" and "the loop's own database under another name" in b.error
     assert Event.objects.exists()
+
+
+def own_database_as(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setitem(django_settings.DATABASES, "sneaky", dj_database_url.parse(url))
+
+
+def spellings_of_the_loops_file(tmp_path: Path) -> list[str]:
+    """The loop's own SQLite file, under names that are not its URL's text (issue 24: the
+    attacker's `var/./pippa.sqlite3` updated auth_user)."""
+    own = Path(connection.settings_dict["NAME"])
+    (tmp_path / "link").symlink_to(own)
+    (tmp_path / "folder").symlink_to(own.parent, target_is_directory=True)
+    hard = tmp_path / "hard.sqlite3"
+    try:
+        hard.hardlink_to(own)
+    except OSError:  # another filesystem: no hard link to try
+        hard = own
+    return [
+        f"sqlite:///{own.parent}/./{own.name}",
+        f"sqlite:///{own.parent}/../{own.parent.name}/{own.name}",
+        f"sqlite:///{tmp_path}/link",
+        f"sqlite:///{tmp_path}/folder/{own.name}",
+        f"sqlite:///{hard}",
+    ]
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'")
+def test_the_loops_own_sqlite_file_under_any_name_is_off_limits(
+    db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sql = {"database": "sneaky", "sql": "UPDATE auth_user SET password = 'x'"}
+    for url in spellings_of_the_loops_file(tmp_path):
+        own_database_as(monkeypatch, url)
+        with pytest.raises(plans.PlanError, match="'sneaky' is the loop's own database under"):
+            make_task(step("w", "sql.execute", args=sql))
+        with pytest.raises(tools.ToolError, match="the loop's own database under another name"):
+            tools.get("sql.execute").run(sql, "e" * 64)
+
+
+def test_the_server_says_which_database_it_is_before_any_statement_runs(
+    db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the settings' look (a file made after the plan was checked, a pooler, a host name
+    the check could not resolve), the connected database says what it is: the loop's own is
+    refused before anything runs on it."""
+    from loop.tools import sql as sql_tool
+
+    if connection.vendor == "sqlite":
+        (tmp_path / "link").symlink_to(connection.settings_dict["NAME"])
+        own_database_as(monkeypatch, f"sqlite:///{tmp_path / 'link'}")
+    else:
+        config = connection.settings_dict
+        own_database_as(
+            monkeypatch,
+            f"postgres://{config['USER']}@localhost:{config['PORT'] or 5432}/{config['NAME']}",
+        )
+    monkeypatch.setattr(sql_tool, "same_database", lambda a, b: False)
+    before = Event.objects.count()
+    statement = {"database": "sneaky", "sql": "DELETE FROM loop_event"}
+    with pytest.raises(tools.ToolError, match=r"own database under another name \(the server says"):
+        tools.get("sql.execute").run(statement, "e" * 64)
+    assert Event.objects.count() == before
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_the_loops_own_postgresql_database_by_another_host_name_is_off_limits(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = connection.settings_dict
+    port = config["PORT"] or 5432
+    for host in ("localhost", "127.0.0.1"):
+        own_database_as(monkeypatch, f"postgres://{config['USER']}@{host}:{port}/{config['NAME']}")
+        with pytest.raises(plans.PlanError, match="'sneaky' is the loop's own database under"):
+            make_task(step("w", "sql.execute", args={"database": "sneaky", "sql": "SELECT 1"}))
+    # Another database on the same server is not the loop's.
+    own_database_as(monkeypatch, f"postgres://{config['USER']}@127.0.0.1:{port}/postgres")
+    make_task(step("w", "sql.execute", args={"database": "sneaky", "sql": "SELECT 1"}))
+
+
+def test_a_sqlite_target_can_attach_no_other_database(worker: Worker, shop: Path) -> None:
+    own = connection.settings_dict["NAME"] if connection.vendor == "sqlite" else str(shop)
+    task = make_task(
+        step(
+            "a", "sql.execute", args={"database": "shop", "sql": f"ATTACH DATABASE '{own}' AS own"}
+        )
+    )
+    run_until_idle(worker)
+    a = only_step(task)
+    assert a.state == "failed" and "too many attached databases" in a.error
 
 
 # ---- shell --------------------------------------------------------------------------------------

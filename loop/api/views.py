@@ -4,12 +4,15 @@ writes a state field itself."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Query, Router
 from ninja import Schema as Params
-from pydantic import Field
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
-from .. import actions, plans
+from .. import actions, numbers, plans
 from ..models import Event, Origin, Task
 from ..serialize import step_dict, task_dict, task_summary
 from . import schemas as s
@@ -24,8 +27,21 @@ def caller(request: HttpRequest) -> Call:
     return request.auth  # type: ignore[attr-defined,no-any-return]
 
 
+def _ascii_whole(value: Any) -> Any:
+    """A query string's number as `loop.numbers` reads one (ASCII digits, an optional '-'):
+    pydantic's own int parsing also takes ' 12', '+12', '1_000' and '12.0'."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return numbers.whole(value, "value")
+    except numbers.NotANumber:
+        raise PydanticCustomError("int_parsing", "not a whole number") from None
+
+
 class After(Params):
-    after: int = Field(0, ge=-MAX_ID, le=MAX_ID, description="an id; the ones after it")
+    after: Annotated[int, BeforeValidator(_ascii_whole)] = Field(
+        0, ge=-MAX_ID, le=MAX_ID, description="an id; the ones after it"
+    )
 
 
 @router.get(

@@ -6,10 +6,29 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from argparse import ArgumentTypeError
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
+
+from loop import numbers
+
+MAX_ID = 2**63 - 1  # the largest row id a database column holds
+
+
+def whole_number(what: str, *, low: int = 0, high: int = MAX_ID) -> Callable[[str], int]:
+    """An argparse `type=`: a whole number in ASCII digits within [low, high] (`loop.numbers`;
+    int() would take '١٢', and a number past a row id's range reached the database)."""
+
+    def parse(raw: str) -> int:
+        try:
+            return numbers.whole(raw, what, low=low, high=high)
+        except numbers.NotANumber as exc:
+            raise ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 class LoopCommand(BaseCommand):

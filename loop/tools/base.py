@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from functools import wraps
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import shown
+from . import shown, vault
 
 if TYPE_CHECKING:
     from ..models import Step
@@ -111,24 +112,27 @@ class Tool:
         for name in args:
             if name not in self.args:
                 errors.append(f"{where}: tool '{self.name}' takes no argument '{name}'")
+        errors.extend(f"{where}: {problem}" for problem in vault.problems(args))
         if not errors and self.check is not None:
             errors.extend(f"{where}: {problem}" for problem in self.check(args))
         return errors
 
     def summary(self, args: dict[str, Any]) -> tuple[str, str]:
-        if self.describe is not None:
-            return self.describe(args)
-        return "", _short(args)
+        """(target, summary): this call in one line, a secret shown by its name."""
+        target, summary = self.describe(args) if self.describe is not None else ("", _short(args))
+        return vault.shown(target), vault.shown(summary)
 
     def request_view(self, args: Any) -> list[shown.Field]:
-        """The call as a person is shown it; every argument in full if `show` can't read
-        these args (a reference not filled in, a value of the wrong type)."""
+        """The call as a person is shown it, every field in full but for a secret, shown as
+        "[secret NAME]" (the only thing a person is not shown); every argument in full if
+        `show` can't read these args (a reference not filled in, a value of the wrong type)."""
+        fields = shown.default(args)
         if self.show is not None and isinstance(args, dict):
             try:
-                return self.show(args)
+                fields = self.show(args)
             except (TypeError, ValueError, AttributeError, KeyError):
                 pass
-        return shown.default(args)
+        return [replace(f, text=vault.shown(f.text)) for f in fields]
 
 
 def _fits(value: Any, type_name: str) -> bool:
@@ -201,10 +205,73 @@ _registry: dict[str, Tool] = {}
 
 
 def register(t: Tool) -> Tool:
-    if t.name in _registry and _registry[t.name].run is not t.run:
-        raise ValueError(f"tool {t.name!r} is registered twice")
-    _registry[t.name] = t
-    return t
+    """Add `t` to the registry, its run, start and probe called with the secrets their args
+    refer to filled in (`with_secrets`). The tool as registered."""
+    if t.name in _registry:
+        if _registry[t.name].run.__dict__.get("unresolved") is not t.run:
+            raise ValueError(f"tool {t.name!r} is registered twice")
+        return _registry[t.name]
+    _registry[t.name] = registered = replace(
+        t,
+        run=with_secrets(t.run),
+        start=with_secrets(t.start, later=True) if t.start is not None else None,
+        probe=_probe_with_secrets(t.probe) if t.probe is not None else None,
+    )
+    return registered
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_secrets(run: F, *, later: bool = False) -> F:
+    """`run(args, …)` called at the moment of the call with the secrets `args` refer to filled
+    in (`vault.resolve`), and what it returns or raises redacted of them (`vault.guarded`);
+    ToolError, before `run` is called, for a secret it can't have. `later`: `run` is a
+    `Tool.start`, whose answer, awaited later, is redacted too."""
+
+    @wraps(run)
+    def call(args: Any, *rest: Any) -> Any:
+        filled, used = _resolved(args)
+        if not used:
+            return run(args, *rest)
+        result = vault.guarded(lambda: run(filled, *rest), used)
+        if later:  # `result` is the function that awaits the answer
+            return lambda: vault.guarded(result, used)
+        return result
+
+    call.__dict__["unresolved"] = run
+    return call  # type: ignore[return-value]
+
+
+def _resolved(args: Any) -> tuple[Any, dict[str, str]]:
+    try:
+        return vault.resolve(args)
+    except vault.SecretError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _probe_with_secrets(
+    probe: Callable[[dict[str, Any], str], ProbeResult],
+) -> Callable[[dict[str, Any], str], ProbeResult]:
+    """A probe that looks with the secrets of the effect's request, and tells what it found
+    without them."""
+
+    @wraps(probe)
+    def look(args: dict[str, Any], effect_id: str) -> ProbeResult:
+        try:
+            filled, used = vault.resolve(args)
+        except vault.SecretError as exc:
+            return ProbeResult(None, f"the probe can't look: {exc}")
+        found = vault.guarded(lambda: probe(filled, effect_id), used)
+        if not used:
+            return found
+        return replace(
+            found,
+            evidence=vault.redact(found.evidence, used),
+            response=vault.redact(found.response, used),
+        )
+
+    return look
 
 
 def tool(

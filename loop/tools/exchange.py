@@ -21,6 +21,7 @@ from functools import cache
 
 from django.conf import settings
 
+from . import room
 from .receivers import Target
 
 MAX_BODY = 1_000_000  # bytes of a response body kept; a longer one is cut, and says so
@@ -53,6 +54,8 @@ class _Response(http.client.HTTPResponse):
 
 
 def connection(where: Target) -> http.client.HTTPConnection:
+    """A connection to `where`, not yet connected; its `connect()` raises room.Refused (a
+    ToolError: nothing was sent) where the http tools may not go."""
     timeout = settings.LOOP_HTTP_TIMEOUT
     conn: http.client.HTTPConnection
     if where.scheme == "https":
@@ -62,6 +65,9 @@ def connection(where: Target) -> http.client.HTTPConnection:
     else:
         conn = http.client.HTTPConnection(where.host, where.port, timeout=timeout)
     conn.response_class = _Response
+    # Connect only where the tools may (loop/tools/room.py), to the address judged: the Host
+    # header and the certificate's name stay the URL's.
+    conn._create_connection = room.connect  # type: ignore[attr-defined]
     return conn
 
 

@@ -15,6 +15,10 @@ http(s) URLs only); a POST or PUT never does: its 3xx is its answer.
 
 A receiver listed in LOOP_IDEMPOTENT_RECEIVERS deduplicates on that key (`receivers`): a call
 to it is safe to repeat, and its 409 (still working on this key) is not sent, retried.
+
+Every connection goes only where the tools may (`room`: not the loop's own site, not what
+LOOP_HTTP_DENY names, not this host unless LOOP_HTTP_ALLOW lists the receiver), judged on the
+address it connects to; a URL that names such a place is refused when the plan is written.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from django.conf import settings
 
 from .. import safe_input
 from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
-from . import exchange, receivers
+from . import exchange, receivers, room
 from .base import Arg, ProbeResult, ToolError, TransientError, fixed, storable, tool
 from .exchange import FAILURES, MAX_BODY, Answer, ProtocolError, header_problem, why
 from .receivers import Target
@@ -89,9 +93,13 @@ def _check(args: dict[str, Any]) -> list[str]:
     problems = []
     if fixed(args["url"]):
         try:
-            receivers.target(args["url"])
+            where = receivers.target(args["url"])
         except ValueError as exc:
             problems.append("args.url: " + str(exc).removeprefix("'url' "))
+        else:
+            refused = room.problem(where.host, where.port)
+            if refused:
+                problems.append(f"args.url: the http tools may not go there: {refused}")
     headers = args.get("headers")
     for name, value in headers.items() if isinstance(headers, dict) else []:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
@@ -120,6 +128,8 @@ def http_get(args: dict[str, Any]) -> dict[str, Any]:
     while True:
         try:
             answer = exchange.exchange("GET", where, headers, None)
+        except room.Refused as exc:
+            raise ToolError(f"GET {where.url}: {exc}; nothing was sent") from None
         except (*FAILURES, ProtocolError) as exc:
             raise TransientError(f"GET {where.url}: {why(exc)}") from exc
         location = answer.header("Location")
@@ -172,15 +182,11 @@ def _describe(method: str) -> Any:
     return describe
 
 
-# Header values a person approving a call need not read: credentials. Their presence is shown.
-SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
-SECRET_WORDS = ("token", "secret", "password", "apikey")
-
-
 def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
     def show(args: dict[str, Any]) -> list[Field]:
         """The request line, the headers as they will go out (the Idempotency-Key aside: it is
-        ours), and the body: JSON pretty-printed, text as written."""
+        ours), and the body: JSON pretty-printed, text as written. Every value in full: only a
+        secret (`${secret:NAME}`) is not shown, by its name (`Tool.request_view`)."""
         fields = [Field("Request", f"{method} {args.get('url', '')}", "code")]
         headers = {
             k: v for k, v in _headers(args.get("headers")).items() if k.lower() != "idempotency-key"
@@ -188,7 +194,7 @@ def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
         if "json" in args and not any(k.lower() == "content-type" for k in headers):
             headers["Content-Type"] = "application/json"
         if headers:
-            lines = [f"{name}: {_shown_value(name, value)}" for name, value in headers.items()]
+            lines = [f"{name}: {value}" for name, value in headers.items()]
             fields.append(Field("Headers", "\n".join(lines), "code"))
         if "json" in args:
             fields.append(Field("JSON body", json_text(args["json"]), "json"))
@@ -197,13 +203,6 @@ def _show(method: str) -> Callable[[dict[str, Any]], list[Field]]:
         return fields
 
     return show
-
-
-def _shown_value(name: str, value: str) -> str:
-    lowered = name.lower()
-    if lowered in SECRET_HEADERS or any(word in lowered for word in SECRET_WORDS):
-        return f"(a credential, {len(value)} characters, not shown)"
-    return value
 
 
 def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], dict[str, Any]]:
@@ -228,6 +227,9 @@ def _start(method: str, args: dict[str, Any], effect_id: str) -> Callable[[], di
     conn = exchange.connection(where)
     try:
         conn.connect()
+    except room.Refused as exc:  # a place the tools may not go: nothing was connected
+        conn.close()
+        raise ToolError(f"{method} {url}: {exc}; nothing was sent") from None
     except (OSError, ValueError) as exc:  # refused, DNS, TLS, connect timeout: nothing written
         conn.close()
         raise EffectNotSent(f"{method} {url}: {exc}") from exc

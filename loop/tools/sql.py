@@ -1,9 +1,12 @@
 """sql.execute (a side effect): one statement against a configured database, exactly once.
 
 The target is a Django database alias (LOOP_SQL_DATABASES="name=url,…" adds them), never the
-loop's own `default` unless LOOP_SQL_ALLOW_DEFAULT is set: a tool that can write the loop's
-tables could rewrite its own journal and receipts. Without `database`, the first alias listed
-in LOOP_SQL_DATABASES is used.
+loop's own database unless LOOP_SQL_ALLOW_DEFAULT is set: a tool that can write the loop's
+tables could rewrite its own journal and receipts. That is decided by identity, not by the
+text of a URL: the SQLite file itself (a symlink, `./`, `../` or a hard link to the loop's file
+is the loop's file), the PostgreSQL server and database, as the settings name them when a plan
+is written and as the server says once connected, before any statement; and a SQLite target may
+ATTACH nothing. Without `database`, the first alias listed in LOOP_SQL_DATABASES is used.
 
 Exactly once, where the database allows (SQLite and PostgreSQL, whose DDL is transactional
 too): the effect id goes into a small table `pippa_effects` in the SAME transaction as the
@@ -26,6 +29,9 @@ Each call opens its own connection and closes it; the loop's connections are nev
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sqlite3
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +42,7 @@ from django.db import (
     NotSupportedError,
     OperationalError,
     ProgrammingError,
+    connections,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
@@ -60,9 +67,104 @@ def aliases() -> list[str]:
     return names
 
 
-def _same_database(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keys = ("ENGINE", "NAME", "HOST", "PORT")
-    return all(str(a.get(k) or "") == str(b.get(k) or "") for k in keys)
+# ---- which database: by identity, not by name (DESIGN.md §19) --------------------------------
+
+
+def _vendor(config: dict[str, Any]) -> str:
+    engine = str(config.get("ENGINE", ""))
+    return "sqlite" if "sqlite" in engine else "postgresql" if "postg" in engine else engine
+
+
+def _file(path: str) -> tuple[Any, ...]:
+    """A SQLite file by what it is: its device and inode (a symlink, `.`, `..` or a hard link
+    to the same file is the same file), or its real path while it does not exist yet."""
+    real = os.path.realpath(path)
+    try:
+        found = os.stat(real)
+    except OSError:
+        return ("path", real)
+    return ("file", found.st_dev, found.st_ino)
+
+
+def _server(host: str, port: int) -> set[Any]:
+    """The addresses (or the socket folder) a PostgreSQL host names."""
+    if not host or host.startswith("/"):
+        return {("socket", os.path.realpath(host or "/var/run/postgresql"), port)}
+    try:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except OSError:
+        return {("host", host.lower(), port)}
+    return {("address", info[4][0], port) for info in infos}
+
+
+def same_database(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two aliases' settings name one database, as far as they tell: SQLite by the
+    file itself (`_file`), PostgreSQL by the server (any address in common, the port) and the
+    database's name. `sql.execute` asks the server itself too, once connected (`_identity`)."""
+    vendor = _vendor(a)
+    if vendor != _vendor(b):
+        return False
+    if vendor == "sqlite":
+        names = [str(c.get("NAME") or "") for c in (a, b)]
+        if any(n in ("", ":memory:") or n.startswith("file:") for n in names):
+            return names[0] == names[1]
+        return _file(names[0]) == _file(names[1])
+    ports = [int(str(c.get("PORT") or 5432)) for c in (a, b)]
+    return (
+        str(a.get("NAME")) == str(b.get("NAME"))
+        and ports[0] == ports[1]
+        and bool(
+            _server(str(a.get("HOST") or ""), ports[0])
+            & _server(str(b.get("HOST") or ""), ports[1])
+        )
+    )
+
+
+def _identity(db: BaseDatabaseWrapper) -> tuple[Any, ...] | None:
+    """The database a connection reached, as it says itself: SQLite, the main database's file
+    (`_file`); PostgreSQL, the cluster's system identifier (unique to the cluster, whatever
+    name, address, port or pooler reached it) and the database's name. None if it can't say."""
+    with db.cursor() as cursor:
+        if db.vendor == "sqlite":
+            cursor.execute("PRAGMA database_list")
+            path = next((str(r[2]) for r in cursor.fetchall() if r[1] == "main"), "")
+            return _file(path) if path else None
+        try:  # in autocommit: a refused statement leaves no transaction behind
+            cursor.execute("SELECT system_identifier, current_database() FROM pg_control_system()")
+        except DatabaseError:  # not allowed to read it: the server's address and port
+            cursor.execute("SELECT inet_server_addr(), inet_server_port(), current_database()")
+        row = cursor.fetchone()
+    return ("postgresql", *row) if row and row[0] is not None else None
+
+
+_own: dict[tuple[str, ...], tuple[Any, ...] | None] = {}
+
+
+def _own_identity() -> tuple[Any, ...] | None:
+    """`_identity` of the loop's own database (asked once per process and database)."""
+    config = connections["default"].settings_dict
+    key = tuple(str(config.get(k) or "") for k in ("ENGINE", "NAME", "HOST", "PORT"))
+    if key not in _own:
+        own = _open_config(config, "default")
+        try:
+            own.ensure_connection()
+            _own[key] = _identity(own)
+        finally:
+            own.close()
+    return _own[key]
+
+
+def _refuse_own(db: BaseDatabaseWrapper, alias: str) -> None:
+    """ToolError, before any statement, if the connection reached the loop's own database
+    and LOOP_SQL_ALLOW_DEFAULT is off (the settings' look, `same_database`, missed it)."""
+    if settings.LOOP_SQL_ALLOW_DEFAULT:
+        return
+    found = _identity(db)
+    if found is not None and found == _own_identity():
+        raise ToolError(
+            f"'database': {alias!r} is the loop's own database under another name "
+            "(the server says so); nothing was run"
+        )
 
 
 def _alias(args: dict[str, Any]) -> str:
@@ -84,7 +186,7 @@ def _alias(args: dict[str, Any]) -> str:
     if (
         alias != "default"
         and not settings.LOOP_SQL_ALLOW_DEFAULT
-        and _same_database(settings.DATABASES[alias], settings.DATABASES["default"])
+        and same_database(settings.DATABASES[alias], connections["default"].settings_dict)
     ):
         raise ToolError(f"'database': {alias!r} is the loop's own database under another name")
     return str(alias)
@@ -92,7 +194,11 @@ def _alias(args: dict[str, Any]) -> str:
 
 def _open(alias: str) -> BaseDatabaseWrapper:
     """A private connection for `alias` (not Django's shared one for this thread)."""
-    config = dict(settings.DATABASES[alias])
+    return _open_config(settings.DATABASES[alias], alias)
+
+
+def _open_config(given: dict[str, Any], alias: str) -> BaseDatabaseWrapper:
+    config = dict(given)
     config.update(ATOMIC_REQUESTS=False, AUTOCOMMIT=True, CONN_MAX_AGE=0)
     for name, default in [("CONN_HEALTH_CHECKS", False), ("OPTIONS", {}), ("TIME_ZONE", None)]:
         config.setdefault(name, default)
@@ -175,6 +281,10 @@ def sql_execute(args: dict[str, Any], effect_id: str) -> dict[str, Any]:
     try:
         try:
             db.ensure_connection()
+            if db.vendor == "sqlite":
+                # No ATTACH: a statement could open the loop's own file beside the target's.
+                db.connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+            _refuse_own(db, alias)
             with db.cursor() as cursor:  # autocommit: a table made once stays made
                 cursor.execute(
                     f"CREATE TABLE IF NOT EXISTS {TABLE} ("  # noqa: S608 - a constant name

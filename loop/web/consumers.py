@@ -1,23 +1,26 @@
 """The live page's WebSocket: thin. Join the page's group, replay what the page missed, then
 forward the tailer's rendered partials, dropping event ids this connection already sent.
 
-A refusal is sent after accepting, as a close code the page can read (4401 not logged in, 4404
-no such topic or task): a close before the accept reaches the browser as a failed handshake
-(1006), which it cannot tell from a network error and would retry forever."""
+A refusal is sent after accepting, as a close code the page can read (4400 a parameter the page
+never sends, such as an id that is not a whole number; 4401 not logged in; 4404 no such topic or
+task): a close before the accept reaches the browser as a failed handshake (1006), which it
+cannot tell from a network error and would retry forever."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .. import permissions
+from .. import numbers, permissions
 from ..models import Task
 from . import live
 from .pages import context
 
+BAD_REQUEST = 4400
 UNAUTHENTICATED = 4401
 FORBIDDEN = 4403  # reserved for topics a logged-in user may not read (none yet); live.js knows it
 NOT_FOUND = 4404
@@ -33,14 +36,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.refuse(UNAUTHENTICATED)
             return
-        query = parse_qs(self.scope.get("query_string", b"").decode())
         can_act = await database_sync_to_async(permissions.may)(user, "answer questions")
-        topic = live.Topic.parse(query.get("topic", [""])[0], can_act=can_act)
-        after_raw = query.get("after", [""])[0]
-        # `seen`: ids the page already has near `after`. On PostgreSQL a lower id can commit
-        # after a higher one, so the replay re-reads a window below `after`; these are dropped.
-        seen_raw = [i for i in query.get("seen", [""])[0].split(",") if i][: live.SEEN_LIMIT]
-        if topic is None or not all(i.isdigit() for i in [after_raw or "0", *seen_raw]):
+        try:
+            asked = Asked.read(self.scope.get("query_string", b""))
+            topic = live.Topic.parse(asked.topic, can_act=can_act)
+        except numbers.NotANumber:
+            await self.refuse(BAD_REQUEST)
+            return
+        if topic is None:
             await self.refuse(NOT_FOUND)
             return
         if topic.task_id is not None and not await database_sync_to_async(task_exists)(
@@ -49,7 +52,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(NOT_FOUND)
             return
         self.seen = live.SeenIds(await database_sync_to_async(context.trailing_window)())
-        self.seen.add(int(i) for i in seen_raw)
+        self.seen.add(asked.seen)
         self.shown: dict[str, str] = {}  # DOM id -> the HTML this connection last sent for it
         await self.accept()
         self.topic = topic
@@ -58,12 +61,16 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         assert self.channel_layer is not None
         await self.channel_layer.group_add(topic.group, self.channel_name)
         await live.tailer().add(topic)
-        if after_raw:
-            message = await database_sync_to_async(live.replay)(topic, int(after_raw))
+        if asked.after is not None:
+            message = await database_sync_to_async(live.replay)(topic, asked.after)
             if message.get("reload"):
                 await self.send_json({"reload": True})
                 return
             await self.forward(message)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """The page sends nothing: whatever a client sends (text that is not JSON, a binary
+        frame) is ignored, never decoded (the JSON consumer's own would end the socket 1011)."""
 
     async def refuse(self, code: int) -> None:
         await self.accept()
@@ -92,6 +99,31 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if "count" in message:
             out["count"] = message["count"]
         await self.send_json(out)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The socket's parameters: `topic` (checked by `live.Topic.parse`), `after` (the last
+    event id the page saw; None: no replay) and `seen` (ids the page already has near `after`:
+    on PostgreSQL a lower id can commit after a higher one, so the replay re-reads a window
+    below `after`, and these are dropped). Ids are whole numbers in ASCII digits
+    (`loop.numbers`); NotANumber names the one that is not."""
+
+    topic: str
+    after: int | None
+    seen: tuple[int, ...]
+
+    @classmethod
+    def read(cls, query_string: bytes) -> Asked:
+        # Not UTF-8 is no id and no topic: replaced, it fails their checks below by name.
+        query = parse_qs(query_string.decode("utf-8", errors="replace"))
+        after = query.get("after", [""])[0]
+        seen = [i for i in query.get("seen", [""])[0].split(",") if i][: live.SEEN_LIMIT]
+        return cls(
+            topic=query.get("topic", [""])[0],
+            after=numbers.whole(after, "after", low=0, high=live.MAX_ID) if after else None,
+            seen=tuple(numbers.whole(i, "seen", low=0, high=live.MAX_ID) for i in seen),
+        )
 
 
 def task_exists(task_id: int) -> bool:

@@ -7,8 +7,23 @@ from typing import Any
 
 from django import forms
 
-from .. import plans
+from .. import numbers, plans
 from ..actions import DECISIONS
+
+
+class WholeNumberField(forms.IntegerField):
+    """A whole number typed in ASCII digits (`loop.numbers`): Django's own IntegerField takes
+    '١٢' and '１２' for 12 through int()."""
+
+    def to_python(self, value: Any) -> int | None:
+        if value in self.empty_values:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return numbers.whole(str(value).strip(), "value")
+        except numbers.NotANumber:
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
 
 
 def _plan_text(text: str, upload: Any) -> bytes | str:

@@ -39,7 +39,7 @@ from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.template.loader import render_to_string
 
-from .. import journal, open_steps
+from .. import journal, numbers, open_steps
 from ..models import Event, EventKind, Task
 from . import timeline
 from .pages import context, talk
@@ -52,6 +52,7 @@ BATCH = 500
 UNSENT = 1000  # messages a tailer keeps while the channel layer refuses them
 REPLAY_ROWS = 200
 SEEN_LIMIT = 1024  # at most this many ids in a reconnecting page's `seen`
+MAX_ID = 2**63 - 1  # the largest id a database row can have (a 64-bit integer column)
 PROCESS = f"p{os.getpid()}-{secrets.token_hex(4)}"
 PLAN_CHANGES = frozenset({EventKind.STEPS_ADDED, EventKind.STEP_EDITED})
 WORKER_KINDS = frozenset(
@@ -109,8 +110,11 @@ class Topic:
     def parse(cls, page: str, *, can_act: bool) -> Topic | None:
         if page in ("home", "conversation"):
             return cls(page, can_act)
-        if page.startswith("task-") and page[5:].isdigit():
-            return cls(page, can_act)
+        """The topic named `page`; None if there is none such; NotANumber for a task's whose
+        id is not a whole number in ASCII digits (`loop.numbers`)."""
+        if page.startswith("task-"):
+            task_id = numbers.whole(page[5:], "topic", low=1, high=MAX_ID)
+            return cls(f"task-{task_id}", can_act)
         return None
 
     @property

@@ -11,6 +11,7 @@
   const WINDOW = 256; // ids below `last` that may still commit late (PostgreSQL)
   // The server's refusals (loop/web/consumers.py): the page says why and stops reconnecting.
   const REFUSED = {
+    4400: { text: "This page's address does not read (a number that is not one) — reload it.", link: "" },
     4401: { text: "Signed out — log in again to see live updates.", link: "Log in" },
     4403: { text: "You may no longer follow this page — ask for access.", link: "" },
     4404: { text: "This page's task does not exist (any more).", link: "Home" },

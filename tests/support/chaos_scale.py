@@ -117,6 +117,7 @@ def worker_env(base: dict[str, str], smtp: SmtpSink, web: HttpSink) -> dict[str,
         "EMAIL_PORT": str(smtp.port),
         "EMAIL_TIMEOUT": "10",
         "LOOP_HTTP_PROBE_URL": web.url("/probe/{key}"),
+        "LOOP_HTTP_ALLOW": "127.0.0.1",  # the sinks run here
         "LOOP_HTTP_TIMEOUT": "10",
         "LOOP_IDLE_SLEEP_MS": "20",
         "LOOP_RETRY_BASE_SECONDS": "0",

@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
+from loop import numbers
 from loop.api.core import issue
 from loop.management.base import LoopCommand
 from loop.models import AgentToken
@@ -60,8 +61,8 @@ class Command(LoopCommand):
 
 def days(raw: str) -> timedelta:
     try:
-        value = float(raw)
-    except ValueError:
+        value = numbers.number(raw, "--expires-in")  # ASCII digits: no '١٢', nan or 1e3
+    except numbers.NotANumber:
         raise ArgumentTypeError(f"must be a number of days, not {raw!r}") from None
     if not 0 < value <= 36500:
         raise ArgumentTypeError(f"must be more than 0 days (and at most 36500), not {raw}")

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from loop.management.base import LoopCommand
+from loop.management.base import LoopCommand, whole_number
 from loop.worker import Worker
 
 
@@ -18,11 +18,7 @@ def label(value: str) -> str:
     return value
 
 
-def batch(value: str) -> int:
-    size = int(value)
-    if not 1 <= size <= 256:
-        raise ValueError("a batch is 1 to 256 tasks")
-    return size
+batch = whole_number("batch", low=1, high=256)  # tasks moved per commit
 
 
 class Command(LoopCommand):

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from loop import questions
-from loop.management.base import LoopCommand
+from loop.management.base import LoopCommand, whole_number
 from loop.models import Effect, StepState, Task
 from loop.serialize import task_dict
 from loop.tools.shown import as_text, terminal_safe
@@ -16,7 +16,7 @@ class Command(LoopCommand):
     help = "Show a task with its steps, effects and questions."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("id", type=int)
+        parser.add_argument("id", type=whole_number("id"))
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from loop import actions, questions
-from loop.management.base import LoopCommand
+from loop.management.base import LoopCommand, whole_number
 from loop.models import Effect, Step
 from loop.permissions import SYSTEM
 from loop.tools.shown import terminal_safe
@@ -16,7 +16,7 @@ class Command(LoopCommand):
     help = "Answer a blocked step's question."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("step", type=int)
+        parser.add_argument("step", type=whole_number("step"))
         group = parser.add_mutually_exclusive_group(required=True)
         for decision, text in [
             ("allow", "May I do this? - allow once"),

@@ -9,11 +9,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from ... import actions, plans
+from ... import actions, numbers, plans
 from ...models import Origin, Step, Task
 from ..forms import AddStepsForm, PlanForm
 from . import context, transcript_view
 from .respond import actor, answer, can_act
+
+MAX_POSITION = 2**31 - 1  # a step's position is a 32-bit integer column
 
 
 def _page(
@@ -49,9 +51,11 @@ def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
     current step)."""
     task = get_object_or_404(Task, pk=task_id)
     start = request.GET.get("from")
-    if start is not None and not start.isdigit():
-        return HttpResponseBadRequest("from: a step position (a whole number)")
-    return _page(request, task, start=int(start) if start is not None else None)
+    try:
+        position = None if start is None else numbers.whole(start, "from", low=0, high=MAX_POSITION)
+    except numbers.NotANumber as exc:
+        return HttpResponseBadRequest(f"{exc} (a step position)", content_type="text/plain")
+    return _page(request, task, start=position)
 
 
 @login_required
