@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--no-restarts", action="store_true", help="never restart the servers")
     parser.add_argument("--pg", default=pg.SERVER, help="the PostgreSQL server")
     options = parser.parse_args()
+    # A SIGTERM ends it through its `finally`s: workers stopped, namespaces gone, servers up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     (ROOT / "var").mkdir(exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="nemesis-", dir=ROOT / "var"))
     database = pg.fresh_database(options.pg, "pgbench_nemesis")
