@@ -25,8 +25,10 @@ def url(server: str, name: str) -> str:
 
 
 def fresh_database(server: str, name: str) -> str:
-    """Drop `name` (ending its sessions) and create it empty; its URL."""
+    """Drop `name` (ending its sessions) and create it empty; its URL. $PGBENCH_SUFFIX, if
+    set, is added to the name, so people sharing a server do not drop each other's."""
     assert name.startswith("pgbench_"), name
+    name += os.environ.get("PGBENCH_SUFFIX", "")
     with psycopg.connect(url(server, "postgres"), autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name]

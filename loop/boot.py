@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from . import effects, journal, lease
+from . import clock, effects, journal, lease
 from .models import EventKind, Task, Worker, WorkerState
 
 
@@ -40,21 +40,68 @@ def host_name() -> str:
     return settings.LOOP_WORKER_HOST or socket.gethostname()
 
 
+@dataclass(frozen=True)
+class Machine:
+    """Whose process table a pid belongs to (DESIGN.md §9): not the host name alone, which
+    containers and clones share, but the running kernel (its boot id) and the pid namespace.
+    Either is '' when this process cannot tell; then no peer reads its pid."""
+
+    host: str
+    boot_id: str
+    pid_ns: str
+
+    def reads_pids_of(self, worker: Worker) -> bool:
+        """Whether this machine's process table is `worker`'s: only then does a missing pid
+        mean it died. Anywhere else only its heartbeat tells."""
+        return bool(self.boot_id and self.pid_ns) and (
+            (worker.host, worker.boot_id, worker.pid_ns) == (self.host, self.boot_id, self.pid_ns)
+        )
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace ('pid:[4026531836]'), or '' when /proc is not its
+    namespace's (`unshare --pid` without `--mount-proc`: /proc/<pid> would name another
+    process), or cannot be read."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return ""
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def this_machine() -> Machine:
+    return Machine(host_name(), _read("/proc/sys/kernel/random/boot_id"), pid_namespace())
+
+
 def dead_workers(*, exclude: int | None = None) -> list[Worker]:
-    """Workers that are gone. On this host the process table decides: dead when the pid is
-    gone (at once), never while it lives (a stopped or stuck process keeps its leases until
-    they run out). On another host: a heartbeat older than LOOP_WORKER_DEAD_AFTER. A worker
-    that still heartbeats is never among them."""
-    host = host_name()
-    stale = timezone.now() - timedelta(seconds=settings.LOOP_WORKER_DEAD_AFTER)
-    dead = []
-    for worker in Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED]):
+    """Workers that are gone. On this machine (`Machine.reads_pids_of`) the process table
+    decides: dead when the pid is gone (at once), never while it lives (a stopped or stuck
+    process keeps its leases until they run out). Anywhere else: a heartbeat older than
+    LOOP_WORKER_DEAD_AFTER by the database's clock (loop/clock.py), so a host whose clock is
+    off neither kills live peers nor keeps dead ones alive. A worker that still heartbeats
+    is never among them."""
+    machine = this_machine()
+    stale = ExpressionWrapper(
+        Q(last_seen__lt=clock.db_now(-settings.LOOP_WORKER_DEAD_AFTER)),
+        output_field=BooleanField(),
+    )
+    dead: list[Worker] = []
+    alive = Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED])
+    for worker in alive.annotate(stale=stale):
         if worker.pk == exclude:
             continue
-        if worker.host == host:
+        if machine.reads_pids_of(worker):
             gone = not pid_alive(worker.pid, worker.pid_started)
         else:
-            gone = worker.last_seen < stale
+            gone = bool(worker.stale)
         if gone:
             dead.append(worker)
     return dead

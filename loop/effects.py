@@ -33,9 +33,8 @@ from functools import cached_property
 from typing import Any
 
 from django.db import connections, transaction
-from django.utils import timezone
 
-from . import installation, journal, lease, sql
+from . import clock, installation, journal, lease, sql
 from .models import Effect, EffectState, EventKind, Step
 from .outcomes import (
     Busy,
@@ -267,7 +266,7 @@ def _answer_from_row(holder: Holder, effect: Effect) -> Outcome | None:
     if effect.state == EffectState.UNCERTAIN:
         return Uncertain((effect,))
     if effect.state == EffectState.RUNNING:
-        if effect.lease_until and effect.lease_until > timezone.now():
+        if effect.lease_until and effect.lease_until > clock.now():  # the database's time
             return Busy(effect.lease_until)
         doubt(effect, actor=holder.actor, why="its claim lapsed before the outcome was recorded")
         return _answer_from_row(holder, effect)  # now pending, uncertain, or settled meanwhile

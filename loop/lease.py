@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
-from . import sql
+from . import clock, sql
 from .models import AgentToken, Effect, EffectState, Task, Worker
 
 
@@ -34,16 +33,15 @@ def claim(owner: int, *, seconds: int | None = None) -> tuple[int, int] | None:
 
 def any_claimable() -> bool:
     """Whether a claim would find a task now (a read: no lock taken)."""
-    return sql.any_claimable(now=timezone.now())
+    return sql.any_claimable()
 
 
 def claim_many(owner: int, count: int, *, seconds: int | None = None) -> list[tuple[int, int]]:
     """Claim up to `count` claimable tasks (running or planning) in one statement
     (`sql.claim_free_tasks`); (task id, new epoch) of each, least-claimed first (every claim
-    bumps the epoch), so a long task cannot starve the others."""
-    now = timezone.now()
-    until = now + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
-    found = sql.claim_free_tasks(owner, count, now=now, until=until)
+    bumps the epoch), so a long task cannot starve the others. Its times are the database's
+    (loop/clock.py)."""
+    found = sql.claim_free_tasks(owner, count, seconds=seconds or settings.LOOP_LEASE_SECONDS)
     # In the order the subquery chose them (each epoch is one more than it was).
     return sorted(found, key=lambda claimed: (claimed[1], claimed[0]))
 
@@ -53,8 +51,7 @@ def claim_task(task_id: int, owner: int, *, seconds: int) -> int | None:
     if it is not running, its retry is not due, or someone else holds its lease. The owner
     may claim again a task it holds: the epoch moves on and its older lease token goes stale.
     """
-    now = timezone.now()
-    return sql.claim_one_task(task_id, owner, now=now, until=now + timedelta(seconds=seconds))
+    return sql.claim_one_task(task_id, owner, seconds=seconds)
 
 
 def fenced(task_id: int, owner: int, epoch: int) -> Task:
@@ -92,8 +89,9 @@ def held_by(task: Task, owner: int, epoch: int) -> bool:
 
 
 def renew(task_id: int, owner: int, epoch: int, *, seconds: int | None = None) -> bool:
-    """Extend a held lease (and the claims of its running effects). False if it moved on."""
-    until = timezone.now() + timedelta(seconds=seconds or settings.LOOP_LEASE_SECONDS)
+    """Extend a held lease (and the claims of its running effects) to `seconds` from now by
+    the database's clock. False if it moved on."""
+    until = clock.db_now(seconds or settings.LOOP_LEASE_SECONDS)
     with transaction.atomic():
         count = Task.objects.filter(pk=task_id, lease_owner=owner, lease_epoch=epoch).update(
             lease_until=until
@@ -138,7 +136,7 @@ class Holder:
 def holders(tasks: Iterable[Task], *, now: datetime | None = None) -> dict[int, Holder]:
     """The live holder of each of these tasks that has one (a lease not yet run out), with a
     statement for workers and one for agents. An agent's owner id is its token's negative pk."""
-    now = now or timezone.now()
+    now = now or clock.now()
     held = [t for t in tasks if t.lease_owner is not None and t.lease_until and t.lease_until > now]
     owners = {t.lease_owner for t in held}
     workers = {w.pk: w for w in Worker.objects.filter(pk__in=[o for o in owners if o and o > 0])}

@@ -465,6 +465,14 @@ class Worker(models.Model):
     pid = models.IntegerField()
     # /proc start time of the pid, so a recycled pid is not mistaken for this process.
     pid_started = models.CharField(max_length=32, blank=True)
+    # The machine whose process table knows the pid (DESIGN.md §9): the kernel's boot id and
+    # the pid namespace. Only a peer with the same (host, boot_id, pid_ns) reads the pid;
+    # to any other, and when either is unknown (''), only the heartbeat tells (boot.py).
+    boot_id = models.CharField(max_length=64, blank=True)
+    pid_ns = models.CharField(max_length=64, blank=True)
+    # This host's clock minus the database's, in seconds, as its last heartbeat measured it
+    # (loop/clock.py); /healthz names a worker off by more than LOOP_CLOCK_SKEW_SECONDS.
+    clock_offset = models.FloatField(null=True, blank=True)
     state = models.CharField(
         max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection, connections, models
 from django.db.models import Field, Model, Q
 from django.db.models.sql.query import Query
+from django.utils import timezone
 
 from .models import (
     CLAIM_ORDER,
@@ -34,6 +35,8 @@ from .models import (
     OPEN_STEP_ORDER,
     Step,
     Task,
+    Worker,
+    WorkerState,
     claimable_at,
     lease_free_at,
     retry_due_at,
@@ -462,13 +465,38 @@ _SOME_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 @cache
 def _timed(model: type[Model], rule: Callable[[datetime], Q], vendor: str) -> tuple[str, int]:
     """The WHERE fragment the ORM writes for `rule(now)` over `model`'s columns, and how many
-    parameters it takes (each of them is `now`). Compiled once: 0.5 ms each time otherwise."""
+    parameters it takes (each of them is `now`). Compiled once: 0.5 ms each time otherwise.
+    On PostgreSQL `now` is the server's own clock, written in (`_now_sql`): no parameter."""
     query = Query(model=model, alias_cols=False)
     where = query.build_where(rule(_SOME_TIME))
     sql, params = where.as_sql(query.get_compiler(connection=connection), connection)
     some_time = connection.ops.adapt_datetimefield_value(_SOME_TIME)
     assert all(p == some_time for p in params), f"{rule.__name__}: parameters other than now"
+    if vendor == "postgresql":
+        return f"({sql % tuple(_now_sql(vendor) for _ in params)})", 0
     return f"({sql})", len(params)
+
+
+def _now_sql(vendor: str) -> str:
+    """`now` in a statement that writes or compares a lease, a heartbeat or a retry's due
+    time (loop/clock.py, one clock): PostgreSQL's `statement_timestamp()`, the server's clock
+    at the statement's start (stable within it, so the planner treats it as a parameter); on
+    SQLite a parameter, this host's time, which is the database's."""
+    return "statement_timestamp()" if vendor == "postgresql" else "%s"
+
+
+def _now_params(vendor: str, seconds: float) -> tuple[list[Any], Any]:
+    """The parameters that stand for `now` and for `now + seconds` in a statement built with
+    `_now_sql` and `_until_sql`: on PostgreSQL none and an interval, on SQLite both times."""
+    if vendor == "postgresql":
+        return [], timedelta(seconds=seconds)
+    at = timezone.now()
+    return [_db(at)], _db(at + timedelta(seconds=seconds))
+
+
+def _until_sql(vendor: str) -> str:
+    """`now + seconds` (its one parameter: `_now_params`' second value)."""
+    return "statement_timestamp() + %s" if vendor == "postgresql" else "%s"
 
 
 @cache
@@ -510,20 +538,20 @@ def _claim_free_sql(vendor: str, count: int) -> tuple[str, int, int]:
     skip_locked = (
         " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     )
+    until = _until_sql(vendor)
     sql = (
-        f"UPDATE {t} SET {_col(Task, 'lease_owner')} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
+        f"UPDATE {t} SET {_col(Task, 'lease_owner')} = %s, {_col(Task, 'lease_until')} = {until}, "  # noqa: S608
         f"{epoch} = {epoch} + 1 WHERE {pk} IN (SELECT {pk} FROM {t} "
         f"{claimable} LIMIT {int(count)}{skip_locked}) AND {free} RETURNING {pk}, {epoch}"
     )
     return sql, n_claimable, n_free
 
 
-def claim_free_tasks(
-    owner: int, count: int, *, now: datetime, until: datetime
-) -> list[tuple[int, int]]:
-    """Claim for `owner`, until `until`, up to `count` tasks claimable at `now`
+def claim_free_tasks(owner: int, count: int, *, seconds: float) -> list[tuple[int, int]]:
+    """Claim for `owner`, for `seconds` from now, up to `count` tasks claimable now
     (`models.CLAIMABLE_TASK`, `claimable_at`) in `CLAIM_ORDER` (planning tasks first, then
-    least-claimed first); (task id, new epoch) of each, in no order.
+    least-claimed first); (task id, new epoch) of each, in no order. Now is the database's
+    clock (`_now_sql`).
 
     Serves every worker's claim (lease.claim_many). By hand because the claim is one
     statement (DESIGN.md §4): UPDATE … WHERE id IN (SELECT … LIMIT count) AND the lease still
@@ -536,8 +564,8 @@ def claim_free_tasks(
     of a prepared statement kept for every call, planned with LIMIT a parameter, guesses a
     tenth of the table and joins it whole (tests/test_sql.py reads that plan)."""
     sql, n_claimable, n_free = _claim_free_sql(connection.vendor, count)
-    at, until_db = _db(now), _db(until)
-    params = [owner, until_db, *[at] * n_claimable, *[at] * n_free]
+    at, until = _now_params(connection.vendor, seconds)
+    params = [owner, until, *at * n_claimable, *at * n_free]
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         return [(int(i), int(e)) for i, e in cursor.fetchall()]
@@ -549,9 +577,9 @@ def _any_claimable_sql(vendor: str) -> tuple[str, int]:
     return f"SELECT 1 FROM {_q(Task._meta.db_table)} {claimable} LIMIT 1", n_claimable  # noqa: S608
 
 
-def any_claimable(*, now: datetime) -> bool:
-    """Whether any task is claimable at `now`: `Task.objects.claimable().exists()`, from the
-    same conditions as the claim (`models.CLAIMABLE_TASK`, `claimable_at`).
+def any_claimable() -> bool:
+    """Whether any task is claimable now (the database's clock): `Task.objects.claimable()
+    .exists()`, from the same conditions as the claim (`models.CLAIMABLE_TASK`, `claimable_at`).
 
     Serves an idle worker's look before it claims (Worker.tick), every LOOP_IDLE_SLEEP_MS.
     By hand because the ORM compiled the look anew every time, about 1 ms against 0.1 ms to
@@ -560,7 +588,7 @@ def any_claimable(*, now: datetime) -> bool:
     its own order past finished tasks), so finished tasks are never read."""
     sql, n_claimable = _any_claimable_sql(connection.vendor)
     with _cursor(connection) as cursor:
-        cursor.execute(sql, [_db(now)] * n_claimable)
+        cursor.execute(sql, _now_params(connection.vendor, 0)[0] * n_claimable)
         return cursor.fetchone() is not None
 
 
@@ -571,24 +599,25 @@ def _claim_one_sql(vendor: str) -> tuple[str, int, int]:
     due, n_due = _timed(Task, retry_due_at, vendor)
     states = _literal(Task, CLAIMABLE_TASK, vendor)
     sql = (
-        f"UPDATE {t} SET {owner} = %s, {_col(Task, 'lease_until')} = %s, "  # noqa: S608
+        f"UPDATE {t} SET {owner} = %s, {_col(Task, 'lease_until')} = {_until_sql(vendor)}, "  # noqa: S608
         f"{epoch} = {epoch} + 1 WHERE {_col(Task, 'id')} = %s AND {states} "
         f"AND ({free} OR {owner} = %s) AND {due} RETURNING {epoch}"
     )
     return sql, n_free, n_due
 
 
-def claim_one_task(task_id: int, owner: int, *, now: datetime, until: datetime) -> int | None:
-    """Claim this task for `owner` until `until` if it is in a claimable state
-    (`models.CLAIMABLE_TASK`), its lease is free at `now` or already `owner`'s, and any retry
-    is due (`models.claimable_at`, or held by the owner); the new epoch, or None.
+def claim_one_task(task_id: int, owner: int, *, seconds: float) -> int | None:
+    """Claim this task for `owner` for `seconds` if it is in a claimable state
+    (`models.CLAIMABLE_TASK`), its lease is free now or already `owner`'s, and any retry is
+    due (`models.claimable_at`, or held by the owner); the new epoch, or None. Now is the
+    database's clock (`_now_sql`).
 
     Serves an API agent's `next` (lease.claim_task). By hand for the reason of
     `claim_free_tasks`: one statement that reads back the epoch it wrote (UPDATE … RETURNING).
     Through the primary key."""
     sql, n_free, n_due = _claim_one_sql(connection.vendor)
-    at = _db(now)
-    params = [owner, _db(until), task_id, *[at] * n_free, owner, *[at] * n_due]
+    at, until = _now_params(connection.vendor, seconds)
+    params = [owner, until, task_id, *at * n_free, owner, *at * n_due]
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -597,6 +626,60 @@ def claim_one_task(task_id: int, owner: int, *, now: datetime, until: datetime) 
 
 def _db(value: datetime) -> Any:
     return connection.ops.adapt_datetimefield_value(value)
+
+
+# ---- the heartbeat (loop.worker) -------------------------------------------------------------
+
+
+@cache
+def _beat_sql(vendor: str, error: str) -> str:
+    """error: "keep" (last_error untouched), "clear" or "set"."""
+    now, w = _now_sql(vendor), _q(Worker._meta.db_table)
+    # This host's time as it sent the statement, less the server's as it began it: the skew
+    # (and the way there, well under a millisecond on a LAN). SQLite's clock is the host's.
+    skew = (
+        "%s::float8 - extract(epoch from statement_timestamp())::float8"
+        if vendor == "postgresql"
+        else "0.0 * %s"
+    )
+    sets = [f"{_col(Worker, 'last_seen')} = {now}", f"{_col(Worker, 'clock_offset')} = {skew}"]
+    if error == "set":
+        sets += [f"{_col(Worker, 'last_error')} = %s", f"{_col(Worker, 'last_error_at')} = {now}"]
+    elif error == "clear":
+        sets += [f"{_col(Worker, 'last_error')} = ''", f"{_col(Worker, 'last_error_at')} = NULL"]
+    return (
+        f"UPDATE {w} SET {', '.join(sets)} WHERE {_col(Worker, 'id')} = %s "  # noqa: S608
+        f"AND {_col(Worker, 'state')} <> %s RETURNING {_col(Worker, 'last_seen')}"
+    )
+
+
+def beat(worker_id: int, *, sent: float, error: str | None) -> datetime | None:
+    """The worker's heartbeat: `last_seen` is now by the database's clock, and
+    `clock_offset` this host's clock (its time.time() `sent`, as it sends the statement) less
+    the database's (shown on /healthz); and its error: None keeps the one recorded, "" clears
+    it (a write succeeded since), else it is recorded. The time written, or None if the
+    worker was found dead (its row says so).
+
+    Serves every heartbeat (Worker.beat, every LOOP_HEARTBEAT_SECONDS). By hand because it
+    reads back the time it wrote (UPDATE … RETURNING; the ORM writes none): that is the
+    database's clock, which measures this host's (loop/clock.py), in the beat's one statement
+    instead of a second one per beat."""
+    vendor = connection.vendor
+    shape = "keep" if error is None else "set" if error else "clear"
+    at, _ = _now_params(vendor, 0)
+    params: list[Any] = [*at, sent]
+    if shape == "set":
+        params += [error, *at]
+    params += [worker_id, WorkerState.DEAD.value]
+    with _cursor(connection) as cursor:
+        cursor.execute(_beat_sql(vendor, shape), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    written = row[0]
+    if isinstance(written, datetime):
+        return written if written.tzinfo else written.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(written)).replace(tzinfo=UTC)
 
 
 # ---- where a task stands in its plan (loop.open_steps) --------------------------------------

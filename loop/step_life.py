@@ -43,6 +43,7 @@ from django.utils import timezone
 from . import (
     actions,
     calls,
+    clock,
     conversation,
     effects,
     goals,
@@ -276,7 +277,7 @@ def _guard(
     # A read-only step never has effects (the judge refuses side-effect tools for it),
     # nor does a step that never started.
     step_effects = list(step.effects.all()) if step.side_effect and step.attempts else []
-    now = timezone.now()
+    now = clock.now()  # the claims' times are the database's (loop/clock.py)
     for effect in step_effects:
         if effect.state == EffectState.RUNNING and not _live(effect, now):
             effects.doubt(
@@ -607,7 +608,8 @@ def _apply(task: Task, step: Step, verdict: Verdict, actor: str) -> None:
         delay = verdict.delay
         if delay is None:
             delay = settings.LOOP_RETRY_BASE_SECONDS * 2 ** (step.attempts - 1)
-        retry_at = timezone.now() + timedelta(seconds=min(delay, settings.LOOP_RETRY_MAX_SECONDS))
+        delay = min(delay, settings.LOOP_RETRY_MAX_SECONDS)
+        retry_at = clock.now() + timedelta(seconds=delay)  # as the step shows it
         fields = {"retry_at": retry_at, "error": verdict.error}
         if verdict.refund:  # not the step's fault: this attempt does not count
             fields["attempts"] = step.attempts - 1
@@ -623,7 +625,8 @@ def _apply(task: Task, step: Step, verdict: Verdict, actor: str) -> None:
                 **({"refund": True} if verdict.refund else {}),
             },
         )
-        Task.objects.filter(pk=task.pk).update(run_after=retry_at)
+        # Due by the database's clock, which the claim compares it with.
+        Task.objects.filter(pk=task.pk).update(run_after=clock.db_now(delay))
     elif verdict.kind == "blocked":
         uncertain = list(step.effects.filter(state=EffectState.UNCERTAIN))
         _ask(step, actor, *(verdict.ask or questions.did_it_happen(uncertain)))

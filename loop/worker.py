@@ -23,10 +23,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.utils import timezone
 
-from . import effects, journal, lease, llm, prune, schedules, step_life
-from .boot import host_name, proc_start_time, reconcile
+from . import clock, effects, journal, lease, llm, prune, schedules, sql, step_life
+from .boot import host_name, proc_start_time, reconcile, this_machine
 from .health import low_disk_reason
 from .judges import Verdict
 from .models import EventKind, WorkerState
@@ -77,6 +76,11 @@ class Worker:
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
         self._declared_dead = False  # set by the heartbeat thread, handled by the main loop
+        # The worker row's last_error: recorded by a beat, cleared by the first beat after a
+        # write worked again (a tick that did not fail), so /healthz stops saying it.
+        self._error_recorded = False
+        self._wrote_since_error = False
+        self._skew_said = False
         # Set when a reap freed some work: an idle main loop looks for it at once.
         self._wake = threading.Event()
 
@@ -104,14 +108,21 @@ class Worker:
         return counts
 
     def _register(self, **data: Any) -> None:
-        """A new incarnation: its own Worker row, journaled."""
+        """A new incarnation: its own Worker row, with the machine whose process table holds
+        its pid, and its first heartbeat by the database's clock; journaled."""
+        machine = this_machine()
         with transaction.atomic():
             self.worker = WorkerRow.objects.create(
                 label=self.label,
-                host=host_name(),
+                host=machine.host,
+                boot_id=machine.boot_id,
+                pid_ns=machine.pid_ns,
                 pid=os.getpid(),
                 pid_started=proc_start_time(os.getpid()),
+                started_at=clock.db_now(),
+                last_seen=clock.db_now(),
             )
+            self.worker.refresh_from_db(fields=["started_at", "last_seen"])
             journal.record(EventKind.WORKER_STARTED, actor=self.actor, label=self.label, **data)
 
     def _reborn(self) -> None:
@@ -252,24 +263,30 @@ class Worker:
             return 0
 
     def beat(self) -> None:
+        """last_seen, by the database's clock, which measures this host's (loop/clock.py): a
+        skew past LOOP_CLOCK_SKEW_SECONDS is logged when it appears and when it is gone. The
+        error to record, or the one to clear once a write has worked since; then the live
+        steps' leases."""
         assert self.worker is not None
         with self._lock:
             flying, since = list(self.in_flight), self.in_flight_since
         try:
-            fields: dict[str, object] = {"last_seen": timezone.now()}
             error = self.unrecorded_error
             if error:
-                fields.update(last_error=error, last_error_at=timezone.now())
-            alive = (
-                WorkerRow.objects.filter(pk=self.worker.pk)
-                .exclude(state=WorkerState.DEAD)
-                .update(**fields)
-            )
-            if not alive:
+                recording: str | None = error
+            else:
+                recording = "" if self._error_recorded and self._wrote_since_error else None
+            sent = time.time()
+            written = sql.beat(self.worker.pk, sent=sent, error=recording)
+            if written is None:
                 self._declared_dead = True
                 return
+            self._note_skew(clock.note(written, sent, time.time()))
             if error and self.unrecorded_error == error:
                 self.unrecorded_error = ""  # recorded; a newer one waits for the next beat
+                self._error_recorded, self._wrote_since_error = True, False
+            elif recording == "":
+                self._error_recorded = False
             for started in flying if time.monotonic() - since < settings.LOOP_STEP_TIMEOUT else []:
                 renewed = lease.renew(started.task_id, self.worker.pk, started.epoch)
                 with self._lock:
@@ -280,13 +297,41 @@ class Worker:
         except DatabaseError as exc:
             log.error("heartbeat write failed: %s", exc)
 
+    def _note_skew(self, skew: float) -> None:
+        """Say so when this host's skew crosses the setting (one line each way, not one per
+        beat)."""
+        if not clock.on_server():
+            skew = 0.0  # one host: its clock is the database's
+        off = abs(skew) > settings.LOOP_CLOCK_SKEW_SECONDS
+        if off and not self._skew_said:
+            log.warning(
+                "%s: this host's clock is %s (LOOP_CLOCK_SKEW_SECONDS=%s); leases and "
+                "heartbeats use the database's clock, but fix the host's (NTP)",
+                self.worker,
+                clock.described(skew),
+                settings.LOOP_CLOCK_SKEW_SECONDS,
+            )
+        elif not off and self._skew_said:
+            log.info(
+                "%s: this host's clock is back within %s s of the database's",
+                self.worker,
+                settings.LOOP_CLOCK_SKEW_SECONDS,
+            )
+        self._skew_said = off
+
     # ---- the tick and the batch policy -------------------------------------------------------
 
     def tick(self) -> bool:
         """One pass: claim a batch of tasks and start each one's first open step in one
         commit, run the steps, commit their verdicts in one commit. While a verdict is `done`
         and its task runs on, that commit starts the task's next step under the same lease,
-        so the batch moves on without fresh claims. True if it found work."""
+        so the batch moves on without fresh claims. True if it found work. A pass that did
+        not fail clears the write failure recorded before it (at the next beat)."""
+        found = self._tick()
+        self._wrote_since_error = True
+        return found
+
+    def _tick(self) -> bool:
         if not self._space_ok():
             return False
         batch: list[Started] = []

@@ -17,13 +17,17 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from loop.web.routing import websocket_urlpatterns  # noqa: E402
+from loop.web.unavailable import SocketUnavailable  # noqa: E402
 from pippa_site.ws_origin import SameOriginOnly  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": SameOriginOnly(
-            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+            AllowedHostsOriginValidator(
+                # The database or Redis down: the socket closes as "paused", not with 1011.
+                SocketUnavailable(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+            )
         ),
     }
 )

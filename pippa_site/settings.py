@@ -102,6 +102,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "pippa_site.csp.content_security_policy",
     "django.middleware.security.SecurityMiddleware",
+    # The database unreachable or refusing writes: a 503 with the reason, never a 500.
+    "loop.web.unavailable.Unavailable",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -210,10 +212,18 @@ CACHES: dict[str, dict[str, Any]] = {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "pippa-throttle",
+            # A Redis that is down or cut off answers within half a second, and the throttle
+            # counts in this process meanwhile (loop/throttle.py).
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
         }
         if REDIS_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "throttle"}
     ),
+    # Where the throttle counts while Redis is unreachable (and without Redis, the same).
+    "throttle-local": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "throttle-local",
+    },
 }
 PIPPA_THROTTLE_SECONDS = env_int("PIPPA_THROTTLE_SECONDS", 15 * 60, low=1)
 PIPPA_LOGIN_LIMIT = env_int("PIPPA_LOGIN_LIMIT", 5, low=1)  # per (username, client address)
@@ -314,6 +324,14 @@ LOOP_WORKER_DEAD_AFTER = env_int(
 )
 # (Each look is one indexed read of the live workers' rows; a write only when one is dead.)
 LOOP_REAP_SECONDS = env_float("LOOP_REAP_SECONDS", 0.5, low=0.05, high=3600)
+# /healthz lists a worker as late (frozen, partitioned, starved) once its heartbeat is this old
+# by the database's clock: a beat and a half, and a second's grace.
+LOOP_WORKER_LATE_AFTER = env_float(
+    "LOOP_WORKER_LATE_AFTER", 1.5 * LOOP_HEARTBEAT_SECONDS + 1, low=0.1, high=86400
+)
+# One clock (loop/clock.py): leases and heartbeats use the database's; a worker whose own clock
+# is further than this from it says so in its log and on /healthz.
+LOOP_CLOCK_SKEW_SECONDS = env_float("LOOP_CLOCK_SKEW_SECONDS", 2, low=0.001, high=86400)
 # The host name a worker records and compares (a test or bench pretends to be another host).
 LOOP_WORKER_HOST = os.environ.get("LOOP_WORKER_HOST", "")
 LOOP_IDLE_SLEEP_MS = env_int("LOOP_IDLE_SLEEP_MS", 200, low=1)

@@ -8,6 +8,8 @@ from loop.web.pages.login import LoginView
 
 # Refused before any view runs (a Host not allowed): JSON under /api/, as every API answer.
 handler400 = "loop.api.site.bad_request"
+# The database unavailable outside a view (a session saved on the way out): 503, not 500.
+handler500 = "loop.web.unavailable.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -223,6 +223,15 @@ def _no_stray_database_sessions(django_db_setup: None, django_db_blocker: Any) -
 
 
 @pytest.fixture(autouse=True)
+def _fresh_clock() -> None:
+    """Each test measures this host's clock against the database's afresh (loop/clock.py): a
+    test that moved this process's clock leaves no skew behind."""
+    from loop import clock
+
+    clock.forget()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_throttles() -> None:
     """Each test counts failed logins and wrong agent tokens from zero (loop/throttle.py)."""
     from django.core.cache import caches
@@ -237,6 +246,7 @@ def _fresh_throttles() -> None:
         client.close()
     else:
         caches["throttle"].clear()
+    caches["throttle-local"].clear()  # where the counts go while Redis does not answer
 
 
 # ---- the model judge: a scripted OpenAI-compatible server ---------------------------------

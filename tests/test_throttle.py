@@ -50,6 +50,34 @@ def test_forty_wrong_passwords_and_then_the_right_one_is_refused(dad: User) -> N
     assert logged_in(elsewhere)
 
 
+def test_guesses_from_dads_own_address_never_lock_out_the_browser_he_logged_in_with(
+    dad: User,
+) -> None:
+    """Issue 24: a task's `http.post` guessed Dad's password on the login form, from this very
+    host; Dad's right password then got 429 for 15 minutes. The browser that logged in before
+    carries a device cookie: its failures count apart, and nobody else's count against it."""
+    browser = Client()
+    assert log_in(browser, "dad", "dad-password-1").status_code == 302
+    device = browser.cookies["pippa_device"].value
+
+    def log_out() -> None:  # a browser's logout ends its session, not its other cookies
+        browser.logout()  # (the test client's drops every cookie)
+        browser.cookies["pippa_device"] = device
+
+    log_out()
+    task = Client()  # the same address (127.0.0.1), no cookie
+    answers = [log_in(task, "dad", f"guess-{i}").status_code for i in range(40)]
+    assert answers[:5] == [200] * 5 and set(answers[5:]) == {429}
+    assert log_in(browser, "dad", "dad-password-1").status_code == 302 and logged_in(browser)
+    log_out()
+    # The browser's own slips are its own to count: five, and it too waits.
+    assert [log_in(browser, "dad", f"slip-{i}").status_code for i in range(6)] == [200] * 5 + [429]
+    # A cookie is no pass: another account's, or a forged one, counts as no cookie at all.
+    stranger = Client()
+    stranger.cookies["pippa_device"] = device[:-2] + "xx"
+    assert log_in(stranger, "dad", "dad-password-1").status_code == 429
+
+
 def test_an_address_guessing_many_usernames_is_locked(dad: User, settings: Any) -> None:
     settings.PIPPA_LOGIN_IP_LIMIT = 6
     client = Client()

@@ -4,10 +4,13 @@ forward the tailer's rendered partials, dropping event ids this connection alrea
 A refusal is sent after accepting, as a close code the page can read (4400 a parameter the page
 never sends, such as an id that is not a whole number; 4401 not logged in; 4404 no such topic or
 task): a close before the accept reaches the browser as a failed handshake (1006), which it
-cannot tell from a network error and would retry forever."""
+cannot tell from a network error and would retry forever. While the database or the channel
+layer (Redis) is down the socket closes with 4503 (`unavailable.SocketUnavailable` around it):
+the page shows "live updates paused" and tries again, backing off."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -81,7 +84,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         live.tailer().remove(self.topic)
         assert self.channel_layer is not None
-        await self.channel_layer.group_discard(self.topic.group, self.channel_name)
+        # The layer down (Redis): its group membership expires there by itself.
+        with contextlib.suppress(Exception):
+            await self.channel_layer.group_discard(self.topic.group, self.channel_name)
 
     async def live_push(self, event: dict[str, Any]) -> None:
         await self.forward(event["message"])

@@ -230,6 +230,7 @@ class Tailer:
         self.banner = ""
         self.banner_at = 0.0
         self.listener: Listener | None = None
+        self.outage = Outage("live tailer")
 
     async def add(self, topic: Topic) -> None:
         """Follow `topic`. The first call starts the tailer at the newest event id, before
@@ -290,10 +291,11 @@ class Tailer:
             topics = list(self.topics)
             try:
                 out = await self.loop.run_in_executor(self.executor, self.poll, topics)
-            except Exception:
-                log.exception("live tailer: poll failed; trying again")
+            except Exception as exc:
+                self.outage.failed("reading the journal", exc)
                 await asyncio.sleep(1)
                 continue
+            self.outage.ended("reading the journal")
             unsent = await self.send(layer, unsent + out)
             if unsent:
                 self.wake.set()  # try again after the pause `send` took, not at the next look
@@ -309,10 +311,12 @@ class Tailer:
         for n, (group, message) in enumerate(out):
             try:
                 await layer.group_send(group, {"type": "live.push", "message": message})
-            except Exception:
-                log.exception("live tailer: sending to the pages failed; trying again")
+            except Exception as exc:
+                self.outage.failed("sending to the pages", exc)
                 await asyncio.sleep(1)
                 return out[n:][-UNSENT:]
+        if out:
+            self.outage.ended("sending to the pages")
         return []
 
     def poll(self, topics: list[Topic]) -> list[tuple[str, dict[str, Any]]]:
@@ -349,6 +353,25 @@ class Tailer:
         return [(t.group, {"events": [], "swaps": [swap], "rows": []}) for t in homes]
 
 
+class Outage:
+    """Says a failure once when it begins (with its traceback: it may be a bug) and once when
+    it ends, not once a second while the database or Redis is down."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.failing: set[str] = set()
+
+    def failed(self, doing: str, exc: BaseException) -> None:
+        if doing not in self.failing:
+            self.failing.add(doing)
+            log.warning("%s: %s failed; trying again every second", self.who, doing, exc_info=exc)
+
+    def ended(self, doing: str) -> None:
+        if doing in self.failing:
+            self.failing.discard(doing)
+            log.info("%s: %s works again", self.who, doing)
+
+
 class Listener:
     """PostgreSQL: a thread with a connection of its own that LISTENs on the journal's channel
     (`journal.NOTIFY_CHANNEL`, notified by every commit that journaled) and wakes the tailer
@@ -373,16 +396,18 @@ class Listener:
         params = connection.get_connection_params()
         for own in ("context", "cursor_factory", "prepare_threshold"):
             params.pop(own, None)
+        outage = Outage("live listener")
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as listening:
                     listening.execute(f"LISTEN {journal.NOTIFY_CHANNEL}")
+                    outage.ended("listening")
                     self.wake()
                     while not self.stopping.is_set():
                         for _ in listening.notifies(timeout=1.0):
                             self.wake()
-            except Exception:
-                log.exception("live listener: lost its connection; listening again in 1 s")
+            except Exception as exc:
+                outage.failed("listening", exc)
                 self.stopping.wait(1.0)
 
 

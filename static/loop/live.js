@@ -16,7 +16,17 @@
     4403: { text: "You may no longer follow this page — ask for access.", link: "" },
     4404: { text: "This page's task does not exist (any more).", link: "Home" },
   };
+  // The server is there but cannot serve live updates now (the database or Redis is down):
+  // the page says so and tries again, waiting longer each time (loop/web/unavailable.py).
+  const PAUSED = 4503;
   let delay = 250;
+  let openedAt = 0;
+
+  function paused(on) {
+    const box = document.getElementById("live-paused");
+    body.dataset.live = on ? "paused" : body.dataset.live;
+    if (box) box.hidden = !on;
+  }
 
   function refused(code) {
     const why = REFUSED[code];
@@ -90,11 +100,13 @@
     const ws = new WebSocket(url);
     state.socket = ws;
     ws.onopen = function () {
-      delay = 250;
+      openedAt = Date.now();
       body.dataset.live = "open";
     };
     ws.onmessage = function (event) {
       const msg = JSON.parse(event.data);
+      delay = 250; // it works: the next break is tried again at once
+      paused(false);
       if (msg.reload) {
         // The last event this page saw was pruned: load the page afresh rather than patch it.
         state.reloading = true;
@@ -109,8 +121,14 @@
       body.dataset.live = "closed";
       if (state.reloading) return;
       if (REFUSED[event.code]) return refused(event.code);
-      setTimeout(connect, delay);
-      delay = Math.min(delay * 2, 10000);
+      // A socket that stayed open a while broke by chance: try again soon. One closed at
+      // once, or as paused, waits longer each time (up to 30 s, with some jitter).
+      if (openedAt && Date.now() - openedAt > 10000 && event.code !== PAUSED) delay = 250;
+      openedAt = 0;
+      if (event.code === PAUSED) paused(true);
+      state.closes = (state.closes || 0) + 1;
+      setTimeout(connect, delay * (0.75 + Math.random() / 2));
+      delay = Math.min(delay * 2, 30000);
     };
   }
   connect();

@@ -99,7 +99,12 @@ class HttpSink:
         max_delay_ms: int = 0,
         probeable: str = "/hook/probe",
         dedupe: bool = False,
+        bind: str = "127.0.0.1",
+        url_host: str = "",
     ) -> None:
+        """`bind` and `url_host`: where it listens and the host its URLs name (the nemesis
+        binds every address, for workers in network namespaces)."""
+        self.url_host = url_host
         self.record = _Record(db_path, max_delay_ms)
         self.probeable = probeable
         self.probes = 0
@@ -179,7 +184,7 @@ class HttpSink:
                 with sink.record.lock:
                     sink.record.in_flight -= 1
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server((bind, 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> HttpSink:
@@ -192,7 +197,7 @@ class HttpSink:
 
     def url(self, path: str) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}{path}"
+        return f"http://{self.url_host or host}:{port}{path}"
 
     def idle(self) -> bool:
         """No connection open or waiting to be accepted: every request sent has been read."""

@@ -1,6 +1,8 @@
-"""The login pages (ours and the admin's), throttled: while the username from this address, or
-this address, is over its limit of failed logins (loop/throttle.py), the form refuses before
-the password is checked — the right one too — and says how long to wait; ours answers 429."""
+"""The login pages (ours and the admin's), throttled: while the account from this browser (its
+device cookie) or, without one, from this address, or this address, is over its limit of failed
+logins (loop/throttle.py), the form refuses before the password is checked — the right one too —
+and says how long to wait; ours answers 429. A login on ours gives the browser its device
+cookie, so no one else's guesses lock it out."""
 
 from __future__ import annotations
 
@@ -40,6 +42,12 @@ class AdminLoginForm(AdminAuthenticationForm):
 class LoginView(auth_views.LoginView):
     form_class = LoginForm
 
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
+        response = super().form_valid(form)
+        # This browser is the account's own now: guesses from elsewhere never lock it out.
+        throttle.remember_device(self.request, response, form.get_user().get_username())
+        return response
+
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
         if form.has_error(NON_FIELD_ERRORS, "throttled"):
@@ -57,6 +65,6 @@ def count_failure(sender: Any, credentials: dict[str, Any], request: Any = None,
 
 
 def clear_on_success(sender: Any, request: Any, user: Any, **_: Any) -> None:
-    """`user_logged_in`: a person who mistyped and then got in starts afresh from this address
-    (the address's own count stays)."""
+    """`user_logged_in`: a person who mistyped and then got in starts afresh from this browser
+    or address (the address's own count stays)."""
     throttle.forget(throttle.login_limits(request, user.get_username())[:1])

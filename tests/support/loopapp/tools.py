@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -64,7 +65,9 @@ def record(args: dict[str, Any]) -> dict[str, Any]:
     pause = random.uniform(low, high) / 1000
     if call.attempt == 1:
         pause += float(args.get("first_sleep", 0))
-    time.sleep(pause)
+    # An Event's wait, not time.sleep: under faketime with FAKETIME_DONT_FAKE_MONOTONIC (the
+    # nemesis suite's worker whose clock is off) libfaketime makes time.sleep fail (EINVAL).
+    threading.Event().wait(pause)
     _append(args["log"], "end", call)
     return {"pid": os.getpid(), "epoch": call.epoch, "attempt": call.attempt}
 

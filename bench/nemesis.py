@@ -1,0 +1,116 @@
+"""The nemesis, full size (tests/support/nemesis.py; bounded in the suite: tests/test_nemesis.py):
+three real workers on PostgreSQL, two in network namespaces of their own (and pid namespaces:
+only heartbeats tell whether they live), one per run with its clock 5-30 s off (libfaketime),
+under a random schedule of partitions, SIGSTOP pauses, database outages (every worker's
+connections cut), and real PostgreSQL and Redis restarts (the commands of the machine's
+services; both are started again whatever happens). Prints a table over the runs: faults,
+duplicate deliveries, steps held twice, questions, unneeded questions, stuck tasks.
+
+    .venv/bin/python bench/nemesis.py [--runs 20] [--tasks 12] [--fault-seconds 15]
+                                      [--seed N] [--no-restarts]
+                                      [--pg postgres://postgres@127.0.0.1:5432]
+
+Root, iproute2 and faketime (bin/install --test). Database pgbench_nemesis (+ $PGBENCH_SUFFIX),
+made again at the start; each run starts from an empty one. PostgreSQL and Redis are shared
+with anyone else on the machine: the restarts end their sessions too (each outage 1-3 s);
+--no-restarts leaves them alone. Exits non-zero if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import pg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--tasks", type=int, default=12, help="tasks of 3 steps per run")
+    parser.add_argument("--fault-seconds", type=float, default=15)
+    parser.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    parser.add_argument("--no-restarts", action="store_true", help="never restart the servers")
+    parser.add_argument("--pg", default=pg.SERVER, help="the PostgreSQL server")
+    options = parser.parse_args()
+    # A SIGTERM ends it through its `finally`s: workers stopped, namespaces gone, servers up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    (ROOT / "var").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="nemesis-", dir=ROOT / "var"))
+    database = pg.fresh_database(options.pg, "pgbench_nemesis")
+    name = database.rsplit("/", 1)[1]
+    base = pg.setup_django(database, folder, PYTHONUNBUFFERED="1")
+    from django.core.management import call_command
+
+    from tests.support import nemesis
+    from tests.support.chaos_sinks import HttpSink
+
+    env = {
+        **base,
+        "NEMESIS_DATABASE_URL": f"postgres://postgres@{{host}}:{{port}}/{name}",
+        "NEMESIS_PG_PORT": "5432",
+        "LOOP_HEARTBEAT_SECONDS": "1",
+        "LOOP_WORKER_DEAD_AFTER": "3",
+        "LOOP_LEASE_SECONDS": "3",
+        "LOOP_REAP_SECONDS": "0.2",
+        "LOOP_HTTP_TIMEOUT": "5",
+        "LOOP_RETRY_BASE_SECONDS": "0",
+        "LOOP_LOG_LEVEL": "WARNING",
+    }
+    rng = random.Random(options.seed)
+    runs = []
+    try:
+        with nemesis.Network(f"pb{os.getpid() % 10000}") as net:
+            for n in range(options.runs):
+                call_command("flush", interactive=False, verbosity=0)
+                with HttpSink(
+                    db_path=database,
+                    max_delay_ms=300,
+                    bind="0.0.0.0",
+                    url_host=net.hosts[0],  # noqa: S104
+                ) as web:
+                    env["LOOP_HTTP_PROBE_URL"] = web.url("/probe/{key}")
+                    runner = nemesis.Nemesis(
+                        env, net, web, folder / f"run{n + 1}.log", restarts=not options.no_restarts
+                    )
+                    try:
+                        run = nemesis.one_run(
+                            runner,
+                            seed=rng.randrange(1 << 30),
+                            tasks=options.tasks,
+                            fault_seconds=options.fault_seconds,
+                        )
+                    finally:
+                        runner.close()
+                runs.append(run)
+                print(nemesis.table([run]).splitlines()[2], flush=True)
+                for problem in [
+                    *run.duplicates,
+                    *run.double_holds,
+                    *run.unneeded,
+                    *run.stuck,
+                    *run.wrong,
+                ]:
+                    print("  PROBLEM:", problem, flush=True)
+    finally:
+        nemesis.ensure_postgres()  # whatever happened: the shared servers are left running
+        nemesis.ensure_redis()
+    print()
+    print(nemesis.table(runs))
+    print(
+        f"reproduce: .venv/bin/python bench/nemesis.py --runs {options.runs} --tasks {options.tasks} "
+        f"--fault-seconds {options.fault_seconds} --seed {options.seed}"
+        f"{' --no-restarts' if options.no_restarts else ''}"
+    )
+    sys.exit(0 if all(run.ok for run in runs) else 1)
+
+
+if __name__ == "__main__":
+    main()
