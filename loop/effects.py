@@ -95,6 +95,7 @@ class Request:
     args: dict[str, Any]
     key: str | None = None
     again: int = 0
+    covered: bool = False  # a person's answer covers exactly this call (its secrets are filled in)
 
     @cached_property
     def call(self) -> str:
@@ -441,7 +442,8 @@ def _run(
 ) -> Reply:
     """The tool (or `part` of it), performing the effect: what it returned, or raised."""
     try:
-        with calling(Call.of(request.step, request.holder.owner, request.holder.epoch)):
+        holder = request.holder
+        with calling(Call.of(request.step, holder.owner, holder.epoch, covered=request.covered)):
             return (part or request.tool.run)(request.args, effect.pk)  # type: ignore[no-any-return]
     except Exception as exc:
         return exc

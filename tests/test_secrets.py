@@ -286,33 +286,74 @@ def test_may_i_shows_every_header_in_full_and_a_secret_by_its_name(
 # ---- the model ----------------------------------------------------------------------------
 
 
-def test_the_model_names_a_secret_and_never_sees_its_value(
-    llm: Any, worker: Worker, echo: Echo, pay_token: str
+def test_the_model_sends_a_secret_only_in_a_call_dad_answered_for(
+    llm: Any, worker: Worker, echo: Echo, pay_token: str, dad: Any
 ) -> None:
+    """A model's call is Pippa's, not Dad's: a secret she names in a call nobody answered for
+    (a read-only GET to wherever she likes) is refused, nothing sent; in a call Dad allowed,
+    as the question showed it ("[secret PAY_TOKEN]" to that address), it is filled in. She
+    never sees the value either way."""
     url = echo.url("/account?token=${secret:PAY_TOKEN}")
 
     def script(body: dict[str, Any], n: int) -> Any:
-        if n == 0:
+        said = tool_results(body["messages"])
+        if not said:
             return call("http_get", url=url, headers={"X-Token": "${secret:PAY_TOKEN}"})
-        if n == 1:
-            return call("http_get", url=echo.url("/x"), headers={"X-Token": "${secret:MISSING}"})
+        if len(said) == 1:
+            return call(
+                "http_post", url=url, json={"pay": 5}, headers={"X-Token": "${secret:PAY_TOKEN}"}
+            )
         return commit(output={"ok": True})
 
     server = llm(script)
     task = make_task(
-        {"key": "look", "judge": "model", "instructions": "Read my account.", "tools": ["http.get"]}
+        {
+            "key": "look",
+            "judge": "model",
+            "instructions": "Pay from my account.",
+            "tools": ["http.get", "http.post"],
+            "side_effect": True,
+            "confirm_before": True,
+        }
     )
     run_until_idle(worker)
+    asking = only(task)
+    assert asking.state == "blocked" and echo.requests == []
+    refused = tool_results(server.requests[1]["messages"])[0]
+    assert "filled in only in a call a person wrote or answered for exactly" in refused
+    assert "[secret PAY_TOKEN]" in asking.question_text and TOKEN not in asking.question_text
+    actions.unblock(step_id=asking.pk, decision="allow", actor="dad", user=dad)
+    run_until_idle(worker)
     assert only(task).state == "done"
-    assert echo.requests[0]["headers"]["X-Token"] == TOKEN
-    assert len(echo.requests) == 1  # the unknown secret was refused, nothing sent
-    results = tool_results(server.requests[2]["messages"])
-    assert "[secret PAY_TOKEN]" in results[0] and TOKEN not in results[0]
-    assert "no secret 'MISSING'" in results[1]
+    [sent] = echo.requests
+    assert sent["headers"]["X-Token"] == TOKEN and sent["method"] == "POST"
     assert all(TOKEN not in json.dumps(r) for r in server.requests)
     assert stored(TOKEN) == []
     entries = TranscriptEntry.objects.filter(step=only(task), role="assistant").order_by("seq")
     assert "${secret:PAY_TOKEN}" in json.dumps(entries[0].tool_calls)  # the reference, kept
+
+
+def test_a_read_only_step_pippa_added_gets_no_secret(
+    llm: Any, worker: Worker, echo: Echo, pay_token: str
+) -> None:
+    look = {
+        "key": "peek",
+        "tool": "http.get",
+        "args": {"url": echo.url("/x?t=${secret:PAY_TOKEN}")},
+    }
+
+    def script(body: dict[str, Any], n: int) -> Any:
+        if not tool_results(body["messages"]):
+            return call("add_steps", steps=[look])
+        return commit(output="planned")
+
+    llm(script)
+    task = make_task({"key": "plan", "judge": "model", "instructions": "Plan."})
+    run_until_idle(worker)
+    peek = Step.objects.get(task=task, key="peek")
+    assert peek.writer == "pippa" and peek.state == "failed"
+    assert "Pippa and agents may not send secrets on their own" in peek.error
+    assert echo.requests == []
 
 
 # ---- the store ----------------------------------------------------------------------------

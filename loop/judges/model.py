@@ -311,10 +311,10 @@ class Tick:
                 )
                 return None
         unsent = latest is None or latest.state == EffectState.PENDING or again > latest.again
-        if unsent and self._asks(tool) and not (allowed or self._authorized(tool.name, args)):
-            if not self._standing():
-                return self._ask(tool, args)
-        request = effects.Request(self.holder, step, tool, args, again=again)
+        covered = allowed or (unsent and self._authorized(tool.name, args))
+        if unsent and self._asks(tool) and not covered and not self._standing():
+            return self._ask(tool, args)
+        request = effects.Request(self.holder, step, tool, args, again=again, covered=covered)
         [outcome] = effects.send_all([request])
         key = request.effect_id
         if isinstance(outcome, Done):

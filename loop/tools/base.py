@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.conf import settings
+
 from . import shown, vault
 
 if TYPE_CHECKING:
@@ -177,10 +179,35 @@ class Call:
     attempt: int
     owner: int  # the lease holder (a worker's id, or an API agent's negative one)
     epoch: int  # the task's lease epoch: the fencing token of this run
+    # A person wrote this call, or answered for it exactly: its `${secret:NAME}` are filled in
+    # (`with_secrets`). Never for a call Pippa or an agent made up on their own.
+    secrets: bool = False
 
     @classmethod
-    def of(cls, step: Step, owner: int, epoch: int) -> Call:
-        return cls(step.task_id, step.pk, step.key, step.attempts, owner, epoch)
+    def of(cls, step: Step, owner: int, epoch: int, *, covered: bool = False) -> Call:
+        """The call of `step`; `covered`: a person's answer covers exactly this call."""
+        return cls(
+            step.task_id,
+            step.pk,
+            step.key,
+            step.attempts,
+            owner,
+            epoch,
+            secrets=covered or _persons_call(step),
+        )
+
+
+def _persons_call(step: Step) -> bool:
+    """A tool step's call is a person's when a person (or a schedule's template) wrote it, or
+    when it is a side effect that only runs once a person's answer covered its exact call (the
+    guard's floor for steps Pippa or an agent wrote, off under LOOP_CONFIRM_PLANS=never)."""
+    from ..models import PERSON_WRITERS
+
+    if step.judge != "tool":
+        return False  # a model step's calls are Pippa's, each covered only by an answer
+    if step.writer in PERSON_WRITERS:
+        return True
+    return step.side_effect and settings.LOOP_CONFIRM_PLANS != "never"
 
 
 _call: ContextVar[Call | None] = ContextVar("loop_tool_call", default=None)
@@ -234,6 +261,14 @@ def with_secrets(run: F, *, later: bool = False) -> F:
         filled, used = _resolved(args)
         if not used:
             return run(args, *rest)
+        asking = current_call()
+        if asking is not None and not asking.secrets:
+            names = ", ".join(sorted(used))
+            raise ToolError(
+                f"step '{asking.step_key}': ${{secret:{names}}} is filled in only in a call a "
+                "person wrote or answered for exactly; Pippa and agents may not send secrets on "
+                "their own"
+            )
         result = vault.guarded(lambda: run(filled, *rest), used)
         if later:  # `result` is the function that awaits the answer
             return lambda: vault.guarded(result, used)
