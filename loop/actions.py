@@ -506,6 +506,45 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
     return step
 
 
+def withdraw_moot_questions(*, actor: str) -> int:
+    """"Did this happen?" questions the world answered after they were asked — a late report
+    (a holder cut off, then back) settled every effect they named — go back to `pending`,
+    journaled `step_unblocked` by the world; the next start finishes from the receipts, nothing
+    performed again. Each in its own transaction (the task's row, then the step's). How many.
+    Run by each worker at its heartbeat; the blocked steps are few (index step_state)."""
+    moot = (
+        Step.objects.blocked()
+        .filter(question_kind=QuestionKind.DID_IT_HAPPEN)
+        .exclude(effects__state=EffectState.UNCERTAIN)
+        .values_list("pk", "task_id")
+    )
+    withdrawn = 0
+    for step_id, task_id in list(moot[:50]):
+        with transaction.atomic():
+            task = Task.objects.select_for_update().get(pk=task_id)
+            step = Step.objects.select_for_update().get(pk=step_id)
+            if step.state != StepState.BLOCKED or step.question_kind != QuestionKind.DID_IT_HAPPEN:
+                continue
+            if step.effects.filter(state=EffectState.UNCERTAIN).exists():
+                continue
+            settled = list(step.effects.order_by("created_at").values_list("pk", "evidence"))
+            move_step(
+                step,
+                "moot",
+                kind=EventKind.STEP_UNBLOCKED,
+                actor=actor,
+                fields=_cleared(),
+                data={
+                    "decision": "answered by the world",
+                    "why": "every effect it asked about was settled since it was asked",
+                    "effects": [{"id": pk, "evidence": why} for pk, why in settled],
+                },
+            )
+            follow(task, actor=actor)
+            withdrawn += 1
+    return withdrawn
+
+
 # Decisions that ask the loop to run the step again.
 RUN_AGAIN = ("allow", "rerun")
 

@@ -83,6 +83,10 @@ def decide(
         # A person's "allow"/"it happened"/"do it": exactly one more start, even past the cap.
         return Decision.START_AUTHORIZED
     if step.side_effect and step.state == "pending" and step.attempts:
+        if guarded and all(e.state in EFFECT.terminal for e in guarded):
+            # Its question was answered by the world (a late report settled what it asked
+            # about): finish from the receipts; nothing is performed again.
+            return Decision.START
         # Pending again after a start only through a person's answer, since cleared: its call
         # was edited. The new call is asked about, like a first one.
         return Decision.START_AUTO_CONFIRMED if standing else Decision.ASK_MAY_I

@@ -91,6 +91,7 @@ STEP = Machine(
         },
         "blocked": {
             "unblock": "pending",  # only through a person's decision
+            "moot": "pending",  # "Did this happen?" answered by the world (a late report)
             "fail": "failed",  # denied, or "fail the step"
         },
         "done": {},

@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
-from . import clock, effects, journal, lease, llm, prune, schedules, sql, step_life
+from . import actions, clock, effects, journal, lease, llm, prune, schedules, sql, step_life
 from .boot import host_name, proc_start_time, reconcile, this_machine
 from .health import low_disk_reason
 from .judges import Verdict
@@ -226,6 +226,7 @@ class Worker:
                 drop_broken_connections()
                 if time.monotonic() >= next_beat:
                     self.beat()
+                    self.withdraw_moot()
                     next_beat = time.monotonic() + every
                 self.reap()
                 if settings.LOOP_PRUNE_AFTER_DAYS and time.monotonic() >= next_prune:
@@ -249,6 +250,21 @@ class Worker:
             log.warning("%s settled dead workers: %s", self.worker, counts)
             self._wake.set()
         return counts
+
+    def withdraw_moot(self) -> int:
+        """Questions the world answered since they were asked, withdrawn (a late report)."""
+        try:
+            withdrawn = actions.withdraw_moot_questions(actor=self.actor)
+        except DatabaseError as exc:
+            log.error("looking for questions answered since failed: %s", exc)
+            return 0
+        except Exception:  # a bug must not stop the heartbeat: say it, go on
+            log.exception("looking for questions answered since failed")
+            return 0
+        if withdrawn:
+            log.info("%s withdrew %d question(s) a late report answered", self.worker, withdrawn)
+            self._wake.set()
+        return withdrawn
 
     def prune_some(self) -> int:
         """One small batch of old history gone (LOOP_PRUNE_AFTER_DAYS): never on a tick's path."""
