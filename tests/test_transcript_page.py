@@ -182,19 +182,20 @@ def test_hostile_model_text_is_shown_escaped_never_as_markup(configured: None, d
     assert "no result yet" in card  # call b waits for its result
 
 
-def test_a_call_is_shown_as_its_question_shows_it_credentials_left_out(
+def test_a_call_is_shown_as_its_question_shows_it_secrets_by_name(
     configured: None, dad: User
 ) -> None:
+    """What Pippa wrote is shown in full, headers too; only a secret is shown by its name."""
     task = model_task()
     step = task.steps.get()
-    headers = {"Authorization": "Bearer s3cret-value", "X-Trace": "visible-value"}
+    headers = {"Authorization": "Bearer ${secret:PAY_TOKEN}", "X-Trace": "visible-value"}
     args = {"url": "http://127.0.0.1:9/hook", "headers": headers, "json": {"a": 1}}
     transcript.add_reply(
         step, "", [{"id": "a", "name": "http_post", "arguments": json.dumps(args)}]
     )
     card = card_of(page_of(dad, task), step)
     assert "POST http://127.0.0.1:9/hook" in card and "X-Trace: visible-value" in card
-    assert "s3cret" not in card and "(a credential, 19 characters, not shown)" in card
+    assert "Authorization: Bearer [secret PAY_TOKEN]" in card
 
 
 def test_a_long_result_folds_with_a_note_and_the_whole_text_is_in_the_page(
