@@ -397,7 +397,9 @@ def _answer(person: Person, run: Run) -> None:
     try:
         person.answer_questions()
     except AssertionError as exc:  # a question the truth says should not have been asked
-        run.wrong.append(str(exc).splitlines()[0][:300])
+        said = str(exc).splitlines()[0][:300]
+        if said not in run.wrong:  # the same question, seen again at the next look
+            run.wrong.append(said)
 
 
 def check(run: Run, nemesis: Nemesis, person: Person, first_event: int) -> None:

@@ -25,6 +25,7 @@ class Person:
         self.web, self.smtp = web, smtp
         self.asked: Counter[str] = Counter()
         self.answers: Counter[str] = Counter()
+        self.moot = 0  # looks at a question the world had answered since (withdrawn soon)
 
     def delivered(self, step: Step, eid: str) -> bool:
         if step.tool == "email.send":
@@ -50,7 +51,12 @@ class Person:
             self.asked[kind] += 1
             if kind == "did_it_happen":
                 named = question["effects"]
-                assert named, f"{blocked}: 'Did this happen?' names no effect"
+                if not named:
+                    # The world answered it since it was asked (a late report): the loop
+                    # withdraws it at its next heartbeat (actions.withdraw_moot_questions).
+                    self.asked[kind] -= 1
+                    self.moot += 1
+                    continue
                 for effect in named:
                     assert effect["state"] == EffectState.UNCERTAIN, (blocked, effect)
                     assert Event.objects.filter(
