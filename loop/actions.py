@@ -507,7 +507,7 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
 
 
 def withdraw_moot_questions(*, actor: str) -> int:
-    """"Did this happen?" questions the world answered after they were asked — a late report
+    """The "Did this happen?" questions the world answered after they were asked — a late report
     (a holder cut off, then back) settled every effect they named — go back to `pending`,
     journaled `step_unblocked` by the world; the next start finishes from the receipts, nothing
     performed again. Each in its own transaction (the task's row, then the step's). How many.
