@@ -282,3 +282,30 @@ def test_decide(
     expected: Decision,
 ) -> None:
     assert guard.decide(step_facts, effect_facts, **options) is expected
+
+
+# ---- who wrote it (DESIGN.md §5): the pure rules ---------------------------------------------
+
+
+def test_a_side_effect_no_person_wrote_asks_first_and_no_standing_pass_covers_it() -> None:
+    assert guard.decide(facts(unasked=True), []) is Decision.ASK_MAY_I
+    assert guard.decide(facts(unasked=True), [], standing=True) is Decision.ASK_MAY_I
+    assert guard.decide(facts(), [], standing=True) is Decision.START
+    assert guard.decide(facts(confirm_before=True), [], standing=True) is (
+        Decision.START_AUTO_CONFIRMED
+    )
+    # Dad's answer covering its exact call starts it, once.
+    assert guard.decide(facts(unasked=True, authorized=True), []) is Decision.START_AUTHORIZED
+
+
+def test_a_proposal_never_starts_whatever_else_holds() -> None:
+    for changes in ({}, {"authorized": True}, {"side_effect": False}, {"unasked": True}):
+        assert guard.decide(facts(proposed=True, **changes), []) is Decision.AWAIT_APPROVAL
+
+
+def test_pending_again_with_every_effect_settled_finishes_from_the_receipts() -> None:
+    settled = [EffectFacts("succeeded", False)]
+    assert guard.decide(facts(attempts=1), settled) is Decision.START
+    # an edit cleared an answer (no effect of its call yet): asked again
+    assert guard.decide(facts(attempts=1), []) is Decision.ASK_MAY_I
+    assert guard.decide(facts(attempts=1), [EffectFacts("pending", False)]) is Decision.ASK_MAY_I
