@@ -29,6 +29,7 @@ from pathlib import Path
 import pg
 
 ROOT = Path(__file__).resolve().parent.parent
+ALLOW = "127.0.0.1,198.18.0.0/15"  # the receiver: this host, as the network namespaces see it
 
 
 def main() -> None:
@@ -46,7 +47,8 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="nemesis-", dir=ROOT / "var"))
     database = pg.fresh_database(options.pg, "pgbench_nemesis")
     name = database.rsplit("/", 1)[1]
-    base = pg.setup_django(database, folder, PYTHONUNBUFFERED="1")
+    # The receiver listens where the namespaced workers reach this host (198.18.0.0/15).
+    base = pg.setup_django(database, folder, PYTHONUNBUFFERED="1", LOOP_HTTP_ALLOW=ALLOW)
     from django.core.management import call_command
 
     from tests.support import nemesis

@@ -4,7 +4,6 @@ every result answers a call — and no side-effect call is delivered twice."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from .conftest import make_task, process_env
 from .support.chaos_sinks import HttpSink
 from .support.llm_server import ModelServer, calls, commit
 from .support.truth import Person
-from .test_write_failures import Faults
+from .test_write_failures import Faults, time_passes
 
 KINDS = ("echo", "post", "bogus", "bad_args")
 turns_strategy = st.lists(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3), max_size=3)
@@ -88,7 +87,7 @@ def test_turns_cut_at_any_write_leave_a_paired_transcript_and_no_call_sent_twice
                     pass
         except DatabaseError:
             pass  # the cut: nothing after it was written
-        clock.shift(timedelta(seconds=settings.LOOP_LEASE_SECONDS + 1))
+        time_passes(clock, settings.LOOP_LEASE_SECONDS + 1)
         person = Person(web=web)
         for _ in range(20):
             while runner.tick():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from .conftest import make_task, process_env
 from .support.chaos_sinks import HttpSink
 from .support.llm_server import ModelServer, calls, commit, tool_results
 from .support.truth import Person
-from .test_write_failures import Faults
+from .test_write_failures import Faults, time_passes
 
 
 def model_post_task(web: HttpSink, title: str) -> Task:
@@ -91,7 +90,7 @@ def test_a_transcript_write_failing_at_each_position_is_visible_and_sends_nothin
                 assert any(named in m and "injected" in m for m in errors), (faults.failed, errors)
                 assert not web.record.violations  # nothing sent without a committed intent
 
-                clock.shift(timedelta(seconds=settings.LOOP_LEASE_SECONDS + 1))
+                time_passes(clock, settings.LOOP_LEASE_SECONDS + 1)
                 run_out(runner, person)
                 step = Step.objects.get(task=task)
                 assert step.state == StepState.DONE, (faults.failed, step.state, step.error)

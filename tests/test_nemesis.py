@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 from .conftest import process_env
 from .support.chaos_sinks import HttpSink
@@ -27,6 +28,7 @@ from .support.nemesis import Nemesis, Network, one_run, table
 from .support.skew import libfaketime
 
 pytestmark = [pytest.mark.slow]
+RECEIVERS = ["127.0.0.1", "198.18.0.0/15"]  # this host, and as the network namespaces see it
 
 
 def test_three_workers_under_partitions_pauses_clock_skew_and_outages(
@@ -51,9 +53,12 @@ def test_three_workers_under_partitions_pauses_clock_skew_and_outages(
         LOOP_IDLE_SLEEP_MS="20",
         LOOP_MIN_FREE_MB="0",
         LOOP_LOG_LEVEL="WARNING",
+        # The receiver listens where the namespaced workers reach this host.
+        LOOP_HTTP_ALLOW=",".join(RECEIVERS),
     )
     tag = f"pn{os.getpid() % 10000}"
     with (
+        override_settings(LOOP_HTTP_ALLOW=RECEIVERS),
         Network(tag) as net,
         HttpSink(
             db_path=env["DATABASE_URL"], max_delay_ms=300, bind="0.0.0.0", url_host=net.hosts[0]

@@ -83,14 +83,17 @@ def post_task(web: HttpSink, title: str, hook: str = "/hook/probe") -> Task:
 
 
 def time_passes(clock: Any, seconds: float) -> None:
-    """Leases run out: this process's clock moves on, and on PostgreSQL, whose server's clock
-    leases are compared with (one clock, loop/clock.py), the leases move back as far."""
+    """Leases run out and retries come due: this process's clock moves on, and on PostgreSQL,
+    whose server's clock leases and retries are compared with (one clock, loop/clock.py), the
+    leases and the retries' times move back as far."""
     clock.shift(timedelta(seconds=seconds))
     if connection.vendor == "postgresql":
         back = timedelta(seconds=seconds)
         for model in (Task, Effect):
             held = model.objects.filter(lease_until__isnull=False)
             held.update(lease_until=F("lease_until") - back)
+        waiting = Task.objects.filter(run_after__isnull=False)
+        waiting.update(run_after=F("run_after") - back)
 
 
 def run_out(runner: Worker, person: Person) -> None:
