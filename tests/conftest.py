@@ -42,6 +42,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(ROOT / folder, quiet=2)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The suite runs twice, on SQLite and on PostgreSQL + Redis; a test marked `sqlite_only`
+    proves nothing a database changes (a pure function, a page's look, the sandbox), so it runs
+    on the first run only and keeps the second one short."""
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        return
+    skip = pytest.mark.skip(reason="database-independent: tried on the SQLite run")
+    for item in items:
+        if item.get_closest_marker("sqlite_only"):
+            item.add_marker(skip)
+
+
 # The tests' receivers (tests/support/sinks.py, the canned servers) listen on 127.0.0.1, which
 # the http tools refuse unless the operator lists it (loop/tools/room.py): the tests list it,
 # for this process and every child it starts. tests/test_http_deny.py takes it away again.
