@@ -49,8 +49,8 @@ def setup_django(database_url: str, folder: Path, **extra: str) -> dict[str, str
         LOOP_IDLE_SLEEP_MS="20",
         LOOP_HTTP_ALLOW="127.0.0.1",  # the benches' sinks run here (README "Tools")
         DJANGO_SETTINGS_MODULE="pippa_site.settings",
-        **extra,
     )
+    env.update(extra)  # a bench's own settings win over these
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     import django

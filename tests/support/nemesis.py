@@ -9,8 +9,10 @@ faults, one at a time:
     clock       one worker of the run runs its whole life with its clock off (libfaketime)
     db-outage   every worker's database connections cut and new ones refused (the forwarder
                 they reach PostgreSQL through: a restart as they see it, the server untouched)
-    pg-restart  PostgreSQL really restarted (`restarts=True`: the bench; the server is shared)
-    redis       Redis really restarted (`restarts=True`)
+    pg-restart  PostgreSQL really restarted (`restarts=True`: the bench, on servers of its own)
+    redis       Redis really restarted (`restarts=True`; the workers are given REDIS_URL as an
+                operator's would be: it carries the web servers' live updates and login
+                counts, and the loop keeps nothing there, so the run shows it does not care)
 
 Each task is an `echo`, a POST the receiver can be asked about and one it cannot tell about
 (a person must answer), to a receiver recording every arrival. A person answers each question
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.db import connections
 from django.db.models import Max
 
 from loop import actions, plans
@@ -48,20 +51,11 @@ from loop.permissions import SYSTEM
 
 from .chaos_scale import STARTS
 from .chaos_sinks import HttpSink, free_port
+from .servers import SHARED, Servers, restart_postgres, restart_redis, sh
 from .skew import skewed
 from .truth import Person
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_START = "pg_ctlcluster --skip-systemctl-redirect {version} main start"
-PG_STOP = "pg_ctlcluster --skip-systemctl-redirect {version} main stop -m fast"
-REDIS_START = (
-    'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no '
-    "--dir /var/lib/redis --logfile /var/log/redis/ci.log"
-)
-
-
-def sh(command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, shell=True, check=check, capture_output=True, text=True)  # noqa: S602
 
 
 def last_event() -> int:
@@ -161,9 +155,10 @@ class Nemesis:
         log: Path,
         *,
         restarts: bool = False,
+        servers: Servers = SHARED,
     ) -> None:
         self.env, self.net, self.web, self.log = env, net, web, log
-        self.restarts = restarts
+        self.restarts, self.servers = restarts, servers
         self.control = log.with_suffix(".db")
         self.control.write_text("up")
         self.port = free_port()
@@ -192,6 +187,8 @@ class Nemesis:
         host = "127.0.0.1" if slot == 0 else self.net.hosts[slot - 1]
         url = self.env["NEMESIS_DATABASE_URL"].format(host=host, port=self.port)
         env = {**self.env, "DATABASE_URL": url}
+        if "NEMESIS_REDIS_URL" in self.env:  # the channel layer, where this worker reaches it
+            env["REDIS_URL"] = self.env["NEMESIS_REDIS_URL"].format(host=host)
         return skewed(env, skew) if skew else env
 
     def start(self, slot: int, skew: float) -> None:
@@ -265,55 +262,11 @@ class Nemesis:
             finally:
                 self.control.write_text("up")
         elif kind == "pg-restart":
-            restart_postgres(seconds)
+            restart_postgres(self.servers, seconds)
+            connections.close_all()  # this process's own session ended too: a new one
         else:
-            restart_redis(seconds)
+            restart_redis(self.servers, seconds)
         fault.until = last_event()
-
-
-def pg_version() -> str:
-    return sorted(os.listdir("/etc/postgresql"))[0]
-
-
-def restart_postgres(down_for: float) -> None:
-    """Stop PostgreSQL (fast: sessions ended), wait, start it; it is started again whatever
-    happens (the server is shared)."""
-    version = pg_version()
-    try:
-        sh(PG_STOP.format(version=version))
-        time.sleep(down_for)
-    finally:
-        ensure_postgres()
-
-
-def ensure_postgres() -> None:
-    if sh("pg_isready -q -h 127.0.0.1 -p 5432", check=False).returncode != 0:
-        sh(PG_START.format(version=pg_version()), check=False)
-    for _ in range(100):
-        if sh("pg_isready -q -h 127.0.0.1 -p 5432", check=False).returncode == 0:
-            return
-        time.sleep(0.1)
-    raise RuntimeError("PostgreSQL did not come back")
-
-
-def restart_redis(down_for: float) -> None:
-    try:
-        sh("redis-cli -h 127.0.0.1 -p 6379 shutdown nosave", check=False)
-        time.sleep(down_for)
-    finally:
-        ensure_redis()
-
-
-def ensure_redis() -> None:
-    if sh("redis-cli -h 127.0.0.1 -p 6379 ping", check=False).returncode != 0:
-        os.makedirs("/var/lib/redis", exist_ok=True)
-        os.makedirs("/var/log/redis", exist_ok=True)
-        sh(REDIS_START, check=False)
-    for _ in range(100):
-        if sh("redis-cli -h 127.0.0.1 -p 6379 ping", check=False).returncode == 0:
-            return
-        time.sleep(0.1)
-    raise RuntimeError("Redis did not come back")
 
 
 def plan(n: int, web: HttpSink) -> dict[str, Any]:
