@@ -81,13 +81,14 @@ def this_machine() -> Machine:
     return Machine(host_name(), _read("/proc/sys/kernel/random/boot_id"), pid_namespace())
 
 
-def dead_workers(*, exclude: int | None = None) -> list[Worker]:
+def dead_workers(*, exclude: int | None = None, by_heartbeat: bool = True) -> list[Worker]:
     """Workers that are gone. On this machine (`Machine.reads_pids_of`) the process table
     decides: dead when the pid is gone (at once), never while it lives (a stopped or stuck
     process keeps its leases until they run out). Anywhere else: a heartbeat older than
     LOOP_WORKER_DEAD_AFTER by the database's clock (loop/clock.py), so a host whose clock is
     off neither kills live peers nor keeps dead ones alive. A worker that still heartbeats
-    is never among them."""
+    is never among them. `by_heartbeat=False`: the process table only (a reaper whose own link
+    to the database has just come back cannot tell a dead peer from one cut off as it was)."""
     machine = this_machine()
     stale = ExpressionWrapper(
         Q(last_seen__lt=clock.db_now(-settings.LOOP_WORKER_DEAD_AFTER)),
@@ -101,18 +102,20 @@ def dead_workers(*, exclude: int | None = None) -> list[Worker]:
         if machine.reads_pids_of(worker):
             gone = not pid_alive(worker.pid, worker.pid_started)
         else:
-            gone = bool(worker.stale)
+            gone = by_heartbeat and bool(worker.stale)
         if gone:
             dead.append(worker)
     return dead
 
 
-def reconcile(*, actor: str, exclude: int | None = None) -> dict[str, int]:
+def reconcile(
+    *, actor: str, exclude: int | None = None, by_heartbeat: bool = True
+) -> dict[str, int]:
     """Settle the effects and release the leases of dead workers; a live worker's work is
     never touched. Each decision is journaled. Run at boot, by `manage.py reconcile`, and
     every LOOP_REAP_SECONDS by each live worker (`exclude` is then itself)."""
     counts = {"workers": 0, "effects": 0, "leases": 0}
-    for worker in dead_workers(exclude=exclude):
+    for worker in dead_workers(exclude=exclude, by_heartbeat=by_heartbeat):
         with transaction.atomic():
             # Only as found: another reaper got there first, or it heartbeated meanwhile.
             if not Worker.objects.filter(

@@ -81,6 +81,11 @@ class Worker:
         self._error_recorded = False
         self._wrote_since_error = False
         self._skew_said = False
+        # When this worker's own link to the database last came up (a beat that worked after
+        # none, or after one that failed): until it has held for LOOP_WORKER_DEAD_AFTER, a
+        # peer's stale heartbeat may be the same outage this worker just had (a database
+        # restart stops every beat alike), so the reap judges by process tables only.
+        self._link_since: float | None = None
         # Set when a reap freed some work: an idle main loop looks for it at once.
         self._wake = threading.Event()
 
@@ -238,9 +243,12 @@ class Worker:
     def reap(self) -> dict[str, int]:
         """Settle dead peers' work now (§9), so their tasks are claimed again at once rather
         than when their leases run out. The fence stays the last word."""
+        since = self._link_since
+        steady = since is not None and (time.monotonic() - since >= settings.LOOP_WORKER_DEAD_AFTER)
         try:
-            counts = reconcile(actor=self.actor, exclude=self.worker_id)
+            counts = reconcile(actor=self.actor, exclude=self.worker_id, by_heartbeat=steady)
         except DatabaseError as exc:
+            self._link_since = None
             log.error("looking for dead workers failed: %s", exc)
             return {}
         except Exception:  # a bug must not stop the heartbeat: say it, go on
@@ -297,6 +305,8 @@ class Worker:
             if written is None:
                 self._declared_dead = True
                 return
+            if self._link_since is None:
+                self._link_since = time.monotonic()
             self._note_skew(clock.note(written, sent, time.time()))
             if error and self.unrecorded_error == error:
                 self.unrecorded_error = ""  # recorded; a newer one waits for the next beat
@@ -311,6 +321,7 @@ class Worker:
                 if not renewed and still_running:
                     log.warning("task %s: lease moved on while its step ran", started.task_id)
         except DatabaseError as exc:
+            self._link_since = None
             log.error("heartbeat write failed: %s", exc)
 
     def _note_skew(self, skew: float) -> None:

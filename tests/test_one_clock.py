@@ -152,3 +152,37 @@ def test_a_worker_15_s_ahead_among_three_never_declares_a_live_peer_dead(
         f"{off}: its host's clock is {clock.described(off.clock_offset)} "
         "(LOOP_CLOCK_SKEW_SECONDS=2); leases and heartbeats use the database's clock"
     ]
+
+
+def test_a_reaper_whose_own_link_just_came_back_judges_no_peer_by_its_heartbeat(
+    db: None, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database restart stops every worker's beat alike: the first one back must not take
+    its peers, cut off as it was, for dead. It waits until its own link has held for
+    LOOP_WORKER_DEAD_AFTER (live peers beat again meanwhile); a dead peer is settled then."""
+    from django.db import OperationalError
+
+    from loop import sql
+
+    settings.LOOP_WORKER_DEAD_AFTER = 10
+    me = booted("me")
+    peer = booted("peer")  # on another machine, its last beat 30 s ago by the server's clock
+    WorkerRow.objects.filter(pk=peer.worker_id).update(
+        boot_id="another-kernel", last_seen=clock.db_now(-30)
+    )
+    real_beat = sql.beat
+
+    def restarting(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(sql, "beat", restarting)
+    me.beat()  # the outage, as this worker sees it
+    assert me.reap() == {"workers": 0, "effects": 0, "leases": 0}
+    monkeypatch.setattr(sql, "beat", real_beat)
+    me.beat()  # back
+    assert me.reap()["workers"] == 0
+    assert WorkerRow.objects.get(pk=peer.worker_id).state != "dead"
+    assert me._link_since is not None
+    me._link_since -= settings.LOOP_WORKER_DEAD_AFTER  # its link has held that long since
+    assert me.reap()["workers"] == 1
+    assert WorkerRow.objects.get(pk=peer.worker_id).state == "dead"
