@@ -1,0 +1,187 @@
+"""Dad is told (DESIGN.md §17, loop/notify): a real `runloop` follows the journal and sends a
+burst of five questions as one email to a real SMTP server (aiosmtpd), one webhook POST to a
+real receiver and one Web Push message to a push endpoint this test runs, which decrypts it
+with the subscription's keys; then, an hour later by time-machine, a reminder."""
+
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import http_ece
+import pytest
+import time_machine
+from aiosmtpd.controller import Controller
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from loop.models import NotifyCursor, PushSubscription, QuestionNotice, Worker
+from loop.notify import channels
+from loop.notify.notifier import Notifier
+
+from .conftest import make_task, permission_objects, process_env, start_runloop, step, wait_for
+from .support.chaos_sinks import free_port
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+class Mailbox:
+    def __init__(self) -> None:
+        self.messages: list[email.message.EmailMessage] = []
+        self.rcpt: list[list[str]] = []
+        outer = self
+
+        class Handler:
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+                outer.rcpt.append(list(envelope.rcpt_tos))
+                outer.messages.append(
+                    email.message_from_bytes(envelope.original_content, policy=email.policy.default)  # type: ignore[arg-type]
+                )
+                return "250 OK"
+
+        self.port = free_port()
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port)
+
+
+class Receiver:
+    """POSTs to /hook (JSON) and /push (Web Push: encrypted), kept with their headers."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length", 0))
+                outer.posts.append((self.path, dict(self.headers), self.rfile.read(size)))
+                self.send_response(201)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def at(self, path: str) -> list[tuple[dict[str, str], bytes]]:
+        return [(h, b) for p, h, b in self.posts if p == path]
+
+
+def b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def test_a_burst_is_one_message_per_channel_then_a_reminder(
+    processes: list[Any], settings: Any, tmp_path: Path
+) -> None:
+    mailbox = Mailbox()
+    mailbox.controller.start()
+    receiver = Receiver()
+    try:
+        dad = User.objects.create_user("dad", email="dad@example.test", password="pw-dad-123456")
+        dad.user_permissions.add(*permission_objects("loop.confirm_step"))
+        User.objects.create_user("guest", email="guest@example.test")  # may not answer: no mail
+        # The browser's side of a push subscription: its key pair and auth secret.
+        browser = ec.generate_private_key(ec.SECP256R1())
+        auth = os.urandom(16)
+        public = browser.public_key().public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+        PushSubscription.objects.create(
+            user=dad, endpoint=receiver.url + "/push", p256dh=b64(public), auth=b64(auth)
+        )
+        env = process_env(
+            EMAIL_HOST="127.0.0.1",
+            EMAIL_PORT=str(mailbox.port),
+            SITE_URL="https://pippa.example.test",
+            LOOP_NOTIFY_WEBHOOK_URL=receiver.url + "/hook",
+            LOOP_NOTIFY_GATHER="1",
+            LOOP_NOTIFY_EVERY="30",
+            LOOP_NOTIFY_POLL="0.1",
+        )
+        processes.append(start_runloop(env=env, log=tmp_path / "worker.log"))
+        wait_for(lambda: NotifyCursor.objects.filter(channel="push").exists(), timeout=60)
+        tasks = [
+            make_task(
+                step(
+                    "pay",
+                    "file.write",
+                    args={"path": f"bill-{n}.txt", "content": f"pay {n}"},
+                    confirm_before=True,
+                ),
+                title=f"Pay bill {n}",
+            )
+            for n in range(5)
+        ]
+        wait_for(lambda: mailbox.messages and receiver.at("/hook") and receiver.at("/push"))
+        wait_for(lambda: QuestionNotice.objects.count() == 5, timeout=10)
+        time.sleep(2)  # a second message now would be a flood
+        assert len(mailbox.messages) == 1, [m["Subject"] for m in mailbox.messages]
+        mail = mailbox.messages[0]
+        assert mailbox.rcpt == [["dad@example.test"]]
+        assert mail["Subject"] == "Pippa Loop: 5 questions wait for you"
+        text = mail.get_content()
+        for task in tasks:
+            step_id = task.steps.get().pk
+            assert f"May I do this? {task.title}: pay" in text
+            assert f"https://pippa.example.test/tasks/{task.pk}#step-{step_id}" in text
+        assert "file.write → bill-3.txt" in text or "bill-3.txt" in text
+        assert "pay 3" in text  # the call's fields, in full
+        assert "Why you are asked: the first run of a step marked to ask before it runs" in text
+
+        [(headers, hook)] = receiver.at("/hook")
+        sent = json.loads(hook)
+        assert sent["title"] == "5 questions wait for you"
+        assert sorted(i["url"] for i in sent["items"]) == sorted(
+            f"https://pippa.example.test/tasks/{t.pk}#step-{t.steps.get().pk}" for t in tasks
+        )
+
+        [(headers, pushed)] = receiver.at("/push")
+        headers = {k.lower(): v for k, v in headers.items()}
+        assert headers["content-encoding"] == "aes128gcm"
+        vapid_key = channels.vapid_public_key()
+        assert f"k={vapid_key}" in headers["authorization"]
+        assert oct(channels.vapid_file().stat().st_mode & 0o777) == "0o600"
+        plain = http_ece.decrypt(pushed, private_key=browser, auth_secret=auth, version="aes128gcm")
+        message = json.loads(plain)
+        assert message == {**sent}  # the same news as the webhook's
+        assert Worker.objects.count() == 1
+    finally:
+        for proc in processes:
+            proc.kill()
+            proc.wait()
+        processes.clear()
+
+    try:
+        # An hour later, still unanswered: one reminder of all five, by the rows the worker left.
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", mailbox.port
+        settings.SITE_URL = "https://pippa.example.test"
+        settings.LOOP_NOTIFY_WEBHOOK_URL = ""
+        PushSubscription.objects.all().delete()
+        notifier = Notifier()
+        assert notifier.remind() == 0  # not yet
+        with time_machine.travel(timezone.now() + timedelta(minutes=61)):
+            assert notifier.remind() == 5
+            assert notifier.remind() == 0  # once per LOOP_REMIND_AFTER
+        assert len(mailbox.messages) == 2
+        reminder = mailbox.messages[1]
+        assert "Reminder — May I do this? Pay bill 0: pay" in reminder.get_content()
+        assert "Asked: 1 h ago" in reminder.get_content()
+        assert set(QuestionNotice.objects.values_list("reminded", flat=True)) == {1}
+    finally:
+        mailbox.controller.stop()
+        receiver.server.shutdown()
