@@ -185,3 +185,69 @@ def test_a_burst_is_one_message_per_channel_then_a_reminder(
     finally:
         mailbox.controller.stop()
         receiver.server.shutdown()
+
+
+def test_push_subscriptions_are_kept_per_browser_and_bad_input_names_the_field(
+    dad: User, client: Any
+) -> None:
+    assert client.get("/notify/push/key").status_code == 302  # signed out: to the login
+    client.force_login(dad)
+    key = client.get("/notify/push/key").json()["key"]
+    assert len(base64.urlsafe_b64decode(key + "=")) == 65
+    good = {
+        "endpoint": "https://push.example.test/abc",
+        "keys": {"p256dh": key, "auth": b64(b"\1" * 16)},
+    }
+    for body, field in [
+        ("nope", "body"),
+        ({**good, "endpoint": "ftp://x"}, "endpoint"),
+        ({**good, "keys": {"p256dh": "AAAA", "auth": good["keys"]["auth"]}}, "keys.p256dh"),  # type: ignore[index]
+        ({**good, "keys": {"p256dh": key}}, "keys.auth"),
+    ]:
+        answer = client.post("/notify/push/subscribe", body, content_type="application/json")
+        assert (answer.status_code, answer.json()["field"]) == (400, field)
+    assert not PushSubscription.objects.exists()  # nothing half-made
+    for _ in range(2):  # the same browser again: one row
+        answer = client.post("/notify/push/subscribe", good, content_type="application/json")
+        assert answer.json() == {"subscribed": True}
+    assert PushSubscription.objects.get().user == dad
+    client.post(
+        "/notify/push/subscribe",
+        {"endpoint": good["endpoint"], "remove": True},
+        content_type="application/json",
+    )
+    assert not PushSubscription.objects.exists()
+    worker = client.get("/sw.js")
+    assert worker["Service-Worker-Allowed"] == "/" and b"showNotification" in worker.content
+
+
+def test_push_subscribe_needs_csrf(dad: User) -> None:
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(dad)
+    answer = strict.post("/notify/push/subscribe", {}, content_type="application/json")
+    assert answer.status_code == 403
+
+
+def test_the_banner_names_the_remedy_and_a_dead_workers_hold_is_not_shown(
+    dad: User, client: Any
+) -> None:
+    from loop import lease
+    from loop.models import Task, WorkerState
+
+    client.force_login(dad)
+    page = client.get("/").content.decode()
+    assert "no worker is alive" in page
+    assert "run `bin/up` again, or restart the worker service" in page
+    task = make_task(step("a"), title="Held")
+    gone = Worker.objects.create(
+        label="gone", pid=1, host="h", state=WorkerState.DEAD, last_seen=timezone.now()
+    )
+    Task.objects.filter(pk=task.pk).update(
+        lease_owner=gone.pk, lease_until=timezone.now() + timedelta(minutes=5)
+    )
+    task.refresh_from_db()
+    assert lease.holder(task) is not None  # the lease itself runs on
+    assert lease.holder(task, shown=True) is None
+    assert "held by" not in client.get(f"/tasks/{task.pk}").content.decode()
