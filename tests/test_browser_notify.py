@@ -27,6 +27,7 @@ from .test_browser import (  # noqa: F401  (fixtures)
     launched_chromium,
     live_open,
     runloop,
+    site,
     start_daphne,
     worker_env,
 )
@@ -63,25 +64,25 @@ def test_told_in_the_background_and_a_dead_server_is_said_where_dad_clicked(
 
     call_command("collectstatic", interactive=False, verbosity=0)
     port = free_port()
-    site = f"http://127.0.0.1:{port}"
+    here = f"http://127.0.0.1:{port}"
     server = start_daphne(port, tmp_path / "daphne.log")
     processes.append(server)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.grant_permissions(["notifications"], origin=site)
+    context.grant_permissions(["notifications"], origin=here)
     context.add_init_script(SPY)
     page = context.new_page()
     page.set_default_timeout(15000)
     expect.set_options(timeout=15000)
-    page.goto(site + "/")
+    page.goto(here + "/")
     page.fill("input[name=username]", "dad")
     page.fill("input[name=password]", "dad-password-1")
     page.click("button[type=submit]")
-    page.wait_for_url(site + "/")
+    page.wait_for_url(here + "/")
     live_open(page)
     expect(page.locator("#notify-ask")).to_have_text("Notifications on")
     # Another tab in front: the dashboard's is in the background.
     other = context.new_page()
-    other.goto(site + "/healthz")
+    other.goto(here + "/healthz")
     other.bring_to_front()
     # Headless Chromium tells every page it has the focus (Playwright emulates it); without
     # that emulation the page in the background knows it is not in front.
@@ -139,4 +140,44 @@ def test_told_in_the_background_and_a_dead_server_is_said_where_dad_clicked(
     expect(card.locator(".click-error")).to_have_count(0)
     wait_for(lambda: Step.objects.get(pk=pay.pk).state != StepState.BLOCKED, timeout=20)
     expect(page.locator("#flash")).to_contain_text("Allowed once")
+    context.close()
+
+
+def test_an_answer_given_elsewhere_meanwhile_is_said_where_dad_clicked(
+    browser: Any,  # noqa: F811
+    dad_user: User,  # noqa: F811
+    site: str,  # noqa: F811
+) -> None:
+    """The live feed held back (a silent socket), so the card stays after the question was
+    answered at the shell: "Allow once" gets the server's real 409, said in the card."""
+    from playwright.sync_api import expect
+
+    from loop import actions
+    from loop.permissions import SYSTEM
+    from loop.worker import Worker
+
+    task = make_task(
+        step("pay", "file.write", args={"path": "b.txt", "content": "x"}, confirm_before=True)
+    )
+    runner = Worker(label="in-test")
+    runner.boot()
+    runner.tick()
+    pay = task.steps.get()
+    assert Step.objects.get(pk=pay.pk).state == StepState.BLOCKED
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.route_web_socket("**/ws/live*", lambda ws: None)  # open, and never a message
+    page.set_default_timeout(15000)
+    page.goto(site + "/")
+    page.fill("input[name=username]", "dad")
+    page.fill("input[name=password]", "dad-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_url(site + "/")
+    card = page.locator(f"#question-{pay.pk}")
+    expect(card).to_be_visible()
+    actions.unblock(step_id=pay.pk, decision="deny", actor="shell", user=SYSTEM)
+    card.get_by_role("button", name="Allow once").click()
+    expect(card.locator(".click-error")).to_contain_text(
+        "Already decided elsewhere, or no longer possible: decision:"
+    )
     context.close()

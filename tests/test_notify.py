@@ -251,3 +251,35 @@ def test_the_banner_names_the_remedy_and_a_dead_workers_hold_is_not_shown(
     assert lease.holder(task) is not None  # the lease itself runs on
     assert lease.holder(task, shown=True) is None
     assert "held by" not in client.get(f"/tasks/{task.pk}").content.decode()
+
+
+def test_the_news_of_a_failed_task_a_dead_worker_and_a_model_endpoint_down(
+    worker: Any, settings: Any
+) -> None:
+    from django.db import transaction
+
+    from loop import journal
+    from loop.models import Event, EventKind, Task, WorkerState
+    from loop.notify import news
+
+    from .conftest import run_until_idle
+
+    settings.SITE_URL = "https://p.test"
+    task = make_task(
+        step("x", "test.flaky", args={"fail_first": 5}, max_attempts=1), title="Doomed"
+    )
+    run_until_idle(worker)
+    assert Task.objects.get(pk=task.pk).state == "failed"
+    gone = Worker.objects.create(label="gone", pid=1, host="h", state=WorkerState.DEAD)
+    with transaction.atomic():
+        journal.record(EventKind.WORKER_DEAD, actor="test", worker=gone.pk)
+        for _ in range(3):  # a flood of retries is one piece of news
+            journal.record(EventKind.MODEL_RETRY, actor="test", reason="connection refused")
+    told = {n.kind: n for n in news.of_events(Event.objects.order_by("id"))}
+    assert sorted(told) == ["failed", "model", "worker"]
+    assert told["failed"].title == "Task failed: Doomed"
+    assert told["failed"].url == f"https://p.test/tasks/{task.pk}"
+    assert "attempt 1 of x failed on purpose" in told["failed"].lines[0]
+    assert told["worker"].title == f"{gone} stopped answering and was found dead"
+    assert "run bin/up again" in told["worker"].lines[0]
+    assert told["model"].lines == ["3 call(s) retried; the last said: connection refused"]

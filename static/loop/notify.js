@@ -117,6 +117,18 @@
     }
   });
 
+  // A plain form (no htmx: writing to Pippa, adding steps) sent while the live connection is
+  // down would leave the page for the browser's error page, and what was typed with it: it is
+  // refused here instead, and says so.
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    if (!closedAt || !body.dataset.topic || form.hasAttribute("hx-post")) return;
+    if (form.getAttribute("action") === "/accounts/logout/") return;
+    event.preventDefault();
+    mark(form, "Not sent: the server cannot be reached. What you wrote is still here; send it " +
+      "again once the bar at the top is gone.");
+  });
+
   // ---- new questions: announced, notified in the background --------------------------------
   function cards() {
     return Array.prototype.slice.call(document.querySelectorAll("article.question"));
