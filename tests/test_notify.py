@@ -128,7 +128,7 @@ def test_a_burst_is_one_message_per_channel_then_a_reminder(
         ]
         wait_for(lambda: mailbox.messages and receiver.at("/hook") and receiver.at("/push"))
         wait_for(lambda: QuestionNotice.objects.count() == 5, timeout=10)
-        time.sleep(2)  # a second message now would be a flood
+        time.sleep(1)  # a second message now would be a flood
         assert len(mailbox.messages) == 1, [m["Subject"] for m in mailbox.messages]
         mail = mailbox.messages[0]
         assert mailbox.rcpt == [["dad@example.test"]]

@@ -37,6 +37,7 @@ log = logging.getLogger("loop.notify")
 BATCH = 500
 SETTLE_PG = 2.0
 BACKOFF_MAX = 300.0
+SAVE_EVERY = 10.0
 
 
 def _settle() -> float:
@@ -50,6 +51,11 @@ class Notifier:
         self.last_sent: dict[str, float] = {}
         self.fails: dict[str, int] = {}
         self.retry_at: dict[str, float] = {}
+        # How far each channel read with nothing to tell: kept here, written to its cursor row
+        # at most every SAVE_EVERY seconds (a restart reads that stretch again, and finds no
+        # news in it again), so a busy journal does not cost a write a second.
+        self.position: dict[str, int] = {}
+        self.saved_at: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -102,8 +108,8 @@ class Notifier:
         now = time.monotonic()
         if now < self.retry_at.get(name, 0.0):
             return 0
-        cursor = self._cursor(name)
-        rows = Event.objects.filter(id__gt=cursor.last_event)
+        start = max(self._cursor(name).last_event, self.position.get(name, 0))
+        rows = Event.objects.filter(id__gt=start)
         settle = _settle()
         if settle:
             rows = rows.filter(created_at__lte=timezone.now() - timedelta(seconds=settle))
@@ -114,7 +120,10 @@ class Notifier:
         events = list(Event.objects.filter(id__in=ids, kind__in=news.NOTABLE).order_by("id"))
         found = news.of_events(events)
         if not found:
-            self._advance(name, upto)
+            self.position[name] = upto
+            if now - self.saved_at.get(name, -1e9) >= SAVE_EVERY:
+                self._advance(name, upto)
+                self.saved_at[name] = now
             self.pending_since.pop(name, None)
             return 0
         first = self.pending_since.setdefault(name, now)
@@ -125,6 +134,8 @@ class Notifier:
         if not self._deliver(channel, found, now):
             return 0
         self._advance(name, upto)
+        self.position[name] = upto
+        self.saved_at[name] = now
         self._noticed(found)
         self.pending_since.pop(name, None)
         return len(found)
