@@ -88,12 +88,12 @@ def problems() -> list[str]:
 REMEDIES = [
     (
         "no worker is alive",
-        "Nothing runs and no question is acted on: run `bin/up` again, or restart the worker "
-        "service (`systemctl restart pippa-loop`).",
+        "The loop is stopped: nothing runs and no answer is acted on. Run bin/up again, or "
+        "restart the worker service (systemctl restart pippa-loop).",
     ),
     ("database unreachable", "Start the database server again; the loop goes on by itself."),
     ("writes failing", "Free disk space for the database (or fix its permissions)."),
-    ("redis unreachable", "Start Redis again (`systemctl start redis`)."),
+    ("redis unreachable", "Start Redis again (systemctl start redis)."),
     ("low disk", "Free disk space in the data folder; the worker goes on by itself."),
     (" is parked", "Free disk space or fix what it reported; it goes on by itself."),
     (" is late", "Look at that worker's machine: it may be frozen, asleep or cut off."),

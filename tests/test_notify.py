@@ -239,7 +239,7 @@ def test_the_banner_names_the_remedy_and_a_dead_workers_hold_is_not_shown(
     client.force_login(dad)
     page = client.get("/").content.decode()
     assert "no worker is alive" in page
-    assert "run `bin/up` again, or restart the worker service" in page
+    assert "The loop is stopped: nothing runs and no answer is acted on. Run bin/up again" in page
     task = make_task(step("a"), title="Held")
     gone = Worker.objects.create(
         label="gone", pid=1, host="h", state=WorkerState.DEAD, last_seen=timezone.now()

@@ -139,10 +139,18 @@ def vapid_public_key() -> str:
         vapid = Vapid01()
         vapid.generate_keys()
         pem = vapid.private_pem()
-        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(pem)
-        os.replace(path.with_suffix(".tmp"), path)  # two processes at once: one key wins
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, path)  # never over another's: two processes at once, the first wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
     vapid = Vapid01.from_file(str(path))
     raw = vapid.public_key.public_bytes(
         serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint

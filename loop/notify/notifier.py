@@ -72,6 +72,10 @@ class Notifier:
 
     def run(self) -> None:
         try:
+            channels.vapid_public_key()  # Web Push's key pair, made at the first start
+        except Exception:
+            log.exception("notifier: the Web Push key pair could not be made")
+        try:
             while not self.stop.wait(settings.LOOP_NOTIFY_POLL):
                 try:
                     self.pass_once()
