@@ -142,7 +142,11 @@ class Worker:
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
         # Dad is told (loop/notify): a thread of its own, never on a tick's path.
-        notifier = Notifier() if settings.LOOP_NOTIFY and not self.once else None
+        notifier = (
+            Notifier(worker=lambda: self.worker_id)
+            if settings.LOOP_NOTIFY and not self.once
+            else None
+        )
         if notifier is not None:
             notifier.start()
         failures = 0

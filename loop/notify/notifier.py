@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +29,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from ..models import Event, NotifyCursor, QuestionNotice, Step, StepState
+from ..models import Event, NotifyCursor, QuestionNotice, Step, StepState, Worker, WorkerState
 from . import channels, news
 from .news import News
 
@@ -44,9 +44,25 @@ def _settle() -> float:
     return 0.0 if connection.vendor == "sqlite" else SETTLE_PG
 
 
+def leads(worker_id: int) -> bool:
+    """Whether this worker is the one whose notifier speaks: the oldest live worker (the lowest
+    id running or parked), so that N workers send one message, not N. A leader that dies keeps
+    the part until it is found dead (at once on its machine, else LOOP_WORKER_DEAD_AFTER)."""
+    first = (
+        Worker.objects.filter(state__in=[WorkerState.RUNNING, WorkerState.PARKED])
+        .order_by("pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return first == worker_id
+
+
 class Notifier:
-    def __init__(self, chans: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self, chans: Sequence[Any] | None = None, *, worker: Callable[[], int] | None = None
+    ) -> None:
         self.channels = list(chans if chans is not None else channels.CHANNELS)
+        self.worker = worker  # this worker's id now (None: always speaks)
         self.pending_since: dict[str, float] = {}
         self.last_sent: dict[str, float] = {}
         self.fails: dict[str, int] = {}
@@ -91,7 +107,11 @@ class Notifier:
 
     def pass_once(self) -> dict[str, int]:
         """Each channel's news sent if due, then reminders: how many pieces each channel sent."""
-        sent = {}
+        sent: dict[str, int] = {}
+        if self.worker is not None and not leads(self.worker()):
+            self.pending_since.clear()
+            self.position.clear()  # another worker's notifier moves the cursors meanwhile
+            return sent
         for channel in self.channels:
             if channel.enabled():
                 sent[channel.name] = self.follow(channel)
