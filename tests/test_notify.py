@@ -285,3 +285,33 @@ def test_the_news_of_a_failed_task_a_dead_worker_and_a_model_endpoint_down(
     assert told["worker"].title == f"{gone} stopped answering and was found dead"
     assert "run bin/up again" in told["worker"].lines[0]
     assert told["model"].lines == ["3 call(s) retried; the last said: connection refused"]
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"question_kind": "did_it_happen"}, "a crash: a try was cut off"),
+        ({"judge": "model"}, "Pippa chose this call while doing the step"),
+        ({"writer": "pippa"}, "Pippa wrote this step"),
+        ({"writer": "agent", "written_by": "kidbot"}, "an agent (kidbot) wrote this step"),
+        ({"writer": "schedule"}, "a scheduled run: you wrote to Pippa since it began"),
+        ({"attempts": 1}, "the first run of a step marked to ask before it runs"),
+        ({"attempts": 2}, "a step marked to ask before each run"),
+    ],
+)
+def test_why_a_question_is_asked(fields: dict[str, Any], said: str) -> None:
+    from loop.models import Step
+    from loop.notify import news
+
+    step = Step(**{"question_kind": "may_i", "writer": "person", **fields})
+    assert news.why(step).startswith(said)
+
+
+@pytest.mark.sqlite_only
+def test_ages_read_as_dad_says_them() -> None:
+    from loop.notify.news import ago
+
+    now = timezone.now()
+    said = [ago(now - timedelta(seconds=s), now) for s in (5, 12 * 60, 3 * 3600, 3 * 86400)]
+    assert said == ["just now", "12 min ago", "3 h ago", "3 days ago"]

@@ -79,12 +79,16 @@ def why(step: Step, question: questions.Question | None = None) -> str:
         return "a crash: a try was cut off and whether its call went out is unknown"
     if question is not None and question.effects:
         return "a crash: the earlier try was cut off before its call went out"
+    if step.judge == "model":
+        return "Pippa chose this call while doing the step: her side effects wait for your answer"
     if step.writer == Writer.PIPPA:
         return "Pippa wrote this step: her side effects wait for your answer"
     if step.writer == Writer.AGENT:
         return f"an agent ({step.written_by}) wrote this step: its side effects wait for you"
     if step.writer == Writer.SCHEDULE:
-        return "a scheduled run, and you have written to Pippa since the schedule was made"
+        return (
+            "a scheduled run: you wrote to Pippa since it began, which ends its standing permission"
+        )
     if step.attempts <= 1:
         return "the first run of a step marked to ask before it runs"
     return "a step marked to ask before each run"

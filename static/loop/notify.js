@@ -148,8 +148,8 @@
       .filter(Boolean).join(" — ");
   }
   let known = new Set(cards().map(function (c) { return c.id; }));
-  let lastCount = Number((document.getElementById("needs-you") || {}).dataset ?
-    document.getElementById("needs-you").dataset.count || 0 : 0);
+  const needs = document.getElementById("needs-you");
+  let lastCount = Number((needs && needs.dataset.count) || 0);
   function notify(title, text, tag) {
     if (!("Notification" in window) || Notification.permission !== "granted") return;
     if (!document.hidden && document.hasFocus()) return;
