@@ -275,9 +275,16 @@ def test_the_news_of_a_failed_task_a_dead_worker_and_a_model_endpoint_down(
     gone = Worker.objects.create(label="gone", pid=1, host="h", state=WorkerState.DEAD)
     with transaction.atomic():
         journal.record(EventKind.WORKER_DEAD, actor="test", worker=gone.pk)
+        journal.record(EventKind.WORKER_PARKED, actor="worker:9", reason="low disk: 3 MB free")
         for _ in range(3):  # a flood of retries is one piece of news
             journal.record(EventKind.MODEL_RETRY, actor="test", reason="connection refused")
-    told = {n.kind: n for n in news.of_events(Event.objects.order_by("id"))}
+    found = news.of_events(Event.objects.order_by("id"))
+    told = {
+        n.key.removeprefix("parked-") if n.key.startswith("parked") else n.kind: n for n in found
+    }
+    parked = told.pop("worker:9")
+    assert parked.title == "A worker stopped taking new work: low disk: 3 MB free"
+    assert parked.lines == ["Free disk space in the data folder; the worker goes on by itself."]
     assert sorted(told) == ["failed", "model", "worker"]
     assert told["failed"].title == "Task failed: Doomed"
     assert told["failed"].url == f"https://p.test/tasks/{task.pk}"

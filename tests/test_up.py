@@ -30,7 +30,7 @@ def test_a_killed_worker_is_started_again_and_stopping_stops_both(tmp_path: Path
     env = dict(os.environ)
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
-    env.update(PIPPA_DATA_DIR=str(tmp_path / "var"), PORT=str(free_port()), LOOP_NOTIFY="0")
+    env.update(PIPPA_DATA_DIR=str(tmp_path / "var"), PORT=str(free_port()))
     log = tmp_path / "up.log"
     up = subprocess.Popen(
         [str(ROOT / "bin/up"), "--no-install"],

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from .. import goals, questions
+from .. import goals, health, questions
 from ..models import Event, EventKind, QuestionKind, Step, Task, TaskState, Worker, Writer
 
 NOTABLE = frozenset(
@@ -23,6 +23,7 @@ NOTABLE = frozenset(
         EventKind.STEPS_ADDED,
         EventKind.TASK_STATE,
         EventKind.WORKER_DEAD,
+        EventKind.WORKER_PARKED,
         EventKind.MODEL_RETRY,
     }
 )
@@ -174,6 +175,15 @@ def of_events(events: Iterable[Event]) -> list[News]:
                     "Its work was handed on. If no worker is left: run bin/up again, or restart "
                     "the worker service."
                 ],
+                link(reverse("loop:home")),
+            )
+        elif event.kind == EventKind.WORKER_PARKED and event.data.get("reason"):
+            reason = str(event.data["reason"])
+            news = News(
+                "worker",
+                f"parked-{event.actor}",
+                f"A worker stopped taking new work: {reason}",
+                [health.remedy(reason) or health.remedy(" is parked")],
                 link(reverse("loop:home")),
             )
         elif event.kind == EventKind.MODEL_RETRY:
