@@ -142,18 +142,19 @@ class Notifier:
             return 0
         upto = ids[-1]
         events = list(Event.objects.filter(id__in=ids, kind__in=news.NOTABLE).order_by("id"))
-        found = news.of_events(events)
-        if not found:
-            self.position[name] = upto
-            if now - self.saved_at.get(name, -1e9) >= SAVE_EVERY:
-                self._advance(name, upto)
-                self.saved_at[name] = now
-            self.pending_since.pop(name, None)
+        if not events:
+            self._passed(name, upto, now)
             return 0
+        # The news is read only once it is due: a burst waiting to go costs one cheap read of
+        # ids a pass, not a rendering of every question in it.
         first = self.pending_since.setdefault(name, now)
         if now - first < settings.LOOP_NOTIFY_GATHER:
             return 0
         if now - self.last_sent.get(name, -1e9) < settings.LOOP_NOTIFY_EVERY:
+            return 0
+        found = news.of_events(events)
+        if not found:  # answered, decided or gone meanwhile
+            self._passed(name, upto, now)
             return 0
         if not self._deliver(channel, found, now):
             return 0
@@ -163,6 +164,14 @@ class Notifier:
         self._noticed(found)
         self.pending_since.pop(name, None)
         return len(found)
+
+    def _passed(self, name: str, upto: int, now: float) -> None:
+        """Events up to `upto` held nothing to tell."""
+        self.position[name] = upto
+        self.pending_since.pop(name, None)
+        if now - self.saved_at.get(name, -1e9) >= SAVE_EVERY:
+            self._advance(name, upto)
+            self.saved_at[name] = now
 
     def _deliver(self, channel: Any, found: Sequence[News], now: float) -> bool:
         name = channel.name
