@@ -322,3 +322,45 @@ def test_ages_read_as_dad_says_them() -> None:
     now = timezone.now()
     said = [ago(now - timedelta(seconds=s), now) for s in (5, 12 * 60, 3 * 3600, 3 * 86400)]
     assert said == ["just now", "12 min ago", "3 h ago", "3 days ago"]
+
+
+def test_a_failed_send_is_sent_again_and_the_cursor_moves_only_then(
+    worker: Any, settings: Any, monkeypatch: Any
+) -> None:
+    from loop.models import Event
+    from loop.notify import notifier as following
+
+    monkeypatch.setattr(following, "SETTLE_PG", 0.0)  # no waiting for late commits here
+    settings.LOOP_NOTIFY_GATHER = 0
+    settings.LOOP_NOTIFY_EVERY = 0
+
+    class Flaky:
+        name = "flaky"
+        down = True
+        sent: list[list[str]] = []
+
+        def enabled(self) -> bool:
+            return True
+
+        def send(self, found: Any) -> None:
+            if self.down:
+                raise channels.NotSent("flaky: down")
+            self.sent.append([n.title for n in found])
+
+    channel = Flaky()
+    notifier = Notifier([channel])
+    assert notifier.pass_once() == {"flaky": 0, "reminders": 0}  # a fresh cursor: at the top
+    start = NotifyCursor.objects.get(channel="flaky").last_event
+    make_task(step("pay", "file.write", args={"path": "p", "content": "x"}, confirm_before=True))
+    worker.tick()
+    notifier.pass_once()
+    assert NotifyCursor.objects.get(channel="flaky").last_event == start  # not delivered
+    assert notifier.retry_at["flaky"] > 0  # backing off
+    channel.down = False
+    notifier.retry_at.clear()
+    assert notifier.pass_once()["flaky"] == 1
+    assert channel.sent == [["May I do this? test task: pay"]]
+    top = Event.objects.order_by("-id").values_list("id", flat=True).first()
+    assert NotifyCursor.objects.get(channel="flaky").last_event == top
+    assert Notifier([channel]).pass_once()["flaky"] == 0  # a restart: told already
+    assert channel.sent == [["May I do this? test task: pay"]]
