@@ -227,12 +227,23 @@
           });
         })
         .then(function (sub) {
+          // Sent once per browser and person (again if the browser's subscription changed).
+          const who = document.querySelector("header.bar form.inline button");
+          const sent = sub.endpoint + " " + (who ? who.textContent.trim() : "");
+          try {
+            if (localStorage.getItem("pippa-push") === sent) return true;
+          } catch (e) { /* storage off: send it */ }
           const csrf = JSON.parse(body.getAttribute("hx-headers") || "{}")["X-CSRFToken"];
           return fetch("/notify/push/subscribe", {
             method: "POST", credentials: "same-origin",
             headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
             body: JSON.stringify(sub.toJSON()),
-          }).then(function (r) { return r.ok; });
+          }).then(function (r) {
+            try {
+              if (r.ok) localStorage.setItem("pippa-push", sent);
+            } catch (e) { /* storage off */ }
+            return r.ok;
+          });
         });
     }).catch(function () { return false; });
   }
