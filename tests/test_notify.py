@@ -85,7 +85,7 @@ def b64(raw: bytes) -> str:
 
 
 def test_a_burst_is_one_message_per_channel_then_a_reminder(
-    processes: list[Any], settings: Any, tmp_path: Path
+    processes: list[Any], settings: Any, tmp_path: Path, client: Any
 ) -> None:
     mailbox = Mailbox()
     mailbox.controller.start()
@@ -100,9 +100,15 @@ def test_a_burst_is_one_message_per_channel_then_a_reminder(
         public = browser.public_key().public_bytes(
             serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
         )
-        PushSubscription.objects.create(
-            user=dad, endpoint=receiver.url + "/push", p256dh=b64(public), auth=b64(auth)
+        client.force_login(dad)  # the browser sends its subscription, as notify.js does
+        subscription = {
+            "endpoint": receiver.url + "/push",
+            "keys": {"p256dh": b64(public), "auth": b64(auth)},
+        }
+        answer = client.post(
+            "/notify/push/subscribe", subscription, content_type="application/json"
         )
+        assert answer.json() == {"subscribed": True}
         env = process_env(
             EMAIL_HOST="127.0.0.1",
             EMAIL_PORT=str(mailbox.port),
