@@ -135,7 +135,9 @@ def test_a_burst_is_one_message_per_channel_then_a_reminder(
             )
             for n in range(5)
         ]
+        asked = time.monotonic()
         wait_for(lambda: mailbox.messages and receiver.at("/hook") and receiver.at("/push"))
+        print(f"\nfive questions -> one mail, webhook and push in {time.monotonic() - asked:.2f} s")
         wait_for(lambda: QuestionNotice.objects.count() == 5, timeout=10)
         time.sleep(1)  # a second message now would be a flood
         assert len(mailbox.messages) == 1, [m["Subject"] for m in mailbox.messages]
