@@ -84,6 +84,34 @@ def problems() -> list[str]:
     return found.problems + found.degraded
 
 
+# What Dad can do about each problem, in plain words (the banner shows it under the problem).
+REMEDIES = [
+    (
+        "no worker is alive",
+        "The loop is stopped: nothing runs and no answer is acted on. Run bin/up again, or "
+        "restart the worker service (systemctl restart pippa-loop).",
+    ),
+    ("database unreachable", "Start the database server again; the loop goes on by itself."),
+    ("writes failing", "Free disk space for the database (or fix its permissions)."),
+    ("redis unreachable", "Start Redis again (systemctl start redis)."),
+    ("low disk", "Free disk space in the data folder; the worker goes on by itself."),
+    (" is parked", "Free disk space or fix what it reported; it goes on by itself."),
+    (" is late", "Look at that worker's machine: it may be frozen, asleep or cut off."),
+    ("clock is", "Fix that machine's clock (turn on NTP)."),
+    ("model endpoint", "Check the model's server or its API key (LOOP_LLM_*)."),
+]
+
+
+def remedy(problem: str) -> str:
+    """The remedy for a problem the banner lists, or ''."""
+    return next((fix for words, fix in REMEDIES if words in problem), "")
+
+
+def banner() -> list[tuple[str, str]]:
+    """The banner's problems, each with its remedy."""
+    return [(p, remedy(p)) for p in problems()]
+
+
 def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 

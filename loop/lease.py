@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from . import clock, sql
-from .models import AgentToken, Effect, EffectState, Task, Worker
+from .models import AgentToken, Effect, EffectState, Task, Worker, WorkerState
 
 
 class LeaseLost(Exception):
@@ -133,9 +133,15 @@ class Holder:
         return f"agent:{self.name}" if self.kind == "agent" else f"worker {self.name}"
 
 
-def holders(tasks: Iterable[Task], *, now: datetime | None = None) -> dict[int, Holder]:
+def holders(
+    tasks: Iterable[Task], *, now: datetime | None = None, shown: bool = False
+) -> dict[int, Holder]:
     """The live holder of each of these tasks that has one (a lease not yet run out), with a
-    statement for workers and one for agents. An agent's owner id is its token's negative pk."""
+    statement for workers and one for agents. An agent's owner id is its token's negative pk.
+
+    `shown` (what a page says): a worker found dead or stopped, or silent for longer than
+    LOOP_WORKER_DEAD_AFTER, holds nothing worth naming, though its lease runs on until a peer
+    settles it or it runs out."""
     now = now or clock.now()
     held = [t for t in tasks if t.lease_owner is not None and t.lease_until and t.lease_until > now]
     owners = {t.lease_owner for t in held}
@@ -152,11 +158,19 @@ def holders(tasks: Iterable[Task], *, now: datetime | None = None) -> dict[int, 
             found[task.pk] = Holder("agent", agent.name if agent else str(-owner), task.lease_until)
         else:
             worker = workers.get(owner)
+            if shown and worker is not None and not _alive(worker, now):
+                continue
             name = (worker.label or f"{worker.host}:{worker.pid}") if worker else str(owner)
             found[task.pk] = Holder("worker", name, task.lease_until)
     return found
 
 
-def holder(task: Task) -> Holder | None:
+def _alive(worker: Worker, now: datetime) -> bool:
+    if worker.state not in (WorkerState.RUNNING, WorkerState.PARKED):
+        return False
+    return (now - worker.last_seen).total_seconds() <= settings.LOOP_WORKER_DEAD_AFTER
+
+
+def holder(task: Task, *, shown: bool = False) -> Holder | None:
     """`holders` of one task."""
-    return holders([task]).get(task.pk)
+    return holders([task], shown=shown).get(task.pk)

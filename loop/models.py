@@ -575,4 +575,6 @@ class HealthCheck(models.Model):
 
 
 # The conversation and schedules live in their own module; they are `loop` models all the same.
+# The notifier's rows (DESIGN.md §17) live in its own package.
+from .notify.models import NotifyCursor, PushSubscription, QuestionNotice  # noqa: E402, F401
 from .talk import AuthorKind, Message, Schedule, ScheduleRun  # noqa: E402, F401

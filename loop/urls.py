@@ -1,5 +1,6 @@
 from django.urls import path
 
+from .notify import views as notify_views
 from .web import views
 from .web.pages import decide, home, talk, task
 
@@ -18,4 +19,8 @@ urlpatterns = [
     path("tasks/<int:task_id>/decline", decide.decline, name="decline"),
     path("steps/<int:step_id>/decide", decide.decide, name="decide"),
     path("steps/<int:step_id>/transcript", task.step_transcript, name="transcript"),
+    # Dad is told (loop/notify): Web Push's key and subscriptions, and its service worker.
+    path("notify/push/key", notify_views.push_key, name="push_key"),
+    path("notify/push/subscribe", notify_views.push_subscribe, name="push_subscribe"),
+    path("sw.js", notify_views.service_worker, name="service_worker"),
 ]

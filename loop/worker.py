@@ -30,6 +30,7 @@ from .health import low_disk_reason
 from .judges import Verdict
 from .models import EventKind, WorkerState
 from .models import Worker as WorkerRow
+from .notify.notifier import Notifier
 from .step_life import ASKING_AT_ONCE, Begun, NeedsProbe, Room, Started
 
 log = logging.getLogger("loop.worker")
@@ -145,6 +146,14 @@ class Worker:
         self._install_signals()
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
+        # Dad is told (loop/notify): a thread of its own, never on a tick's path.
+        notifier = (
+            Notifier(worker=lambda: self.worker_id)
+            if settings.LOOP_NOTIFY and not self.once
+            else None
+        )
+        if notifier is not None:
+            notifier.start()
         failures = 0
         failed = ""
         try:
@@ -174,6 +183,8 @@ class Worker:
                     self._wake.clear()
         finally:
             self._beat_stop.set()
+            if notifier is not None:
+                notifier.close()
             beat.join(timeout=5)
             self._stopped()
         return failed

@@ -296,6 +296,22 @@ else:
     EMAIL_FILE_PATH = str(DATA_DIR / "mail")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "pippa@localhost")
 
+# Dad is told (DESIGN.md §17, loop/notify): the site's address for links in notifications; the
+# webhook that gets each batch of news as JSON; grouping, and reminders of unanswered questions.
+SITE_URL = os.environ.get("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+LOOP_NOTIFY = env_bool("LOOP_NOTIFY", True)  # the worker runs the notifier
+LOOP_NOTIFY_WEBHOOK_URL = os.environ.get("LOOP_NOTIFY_WEBHOOK_URL", "")
+LOOP_NOTIFY_EMAIL = env_bool("LOOP_NOTIFY_EMAIL", True)
+# A first piece of news waits this long for the rest of its burst; then a channel sends at most
+# once every LOOP_NOTIFY_EVERY seconds (what comes meanwhile goes together in the next one).
+LOOP_NOTIFY_GATHER = env_float("LOOP_NOTIFY_GATHER", 5, low=0, high=3600)
+LOOP_NOTIFY_EVERY = env_float("LOOP_NOTIFY_EVERY", 60, low=0, high=86400)
+LOOP_NOTIFY_POLL = env_float("LOOP_NOTIFY_POLL", 1, low=0.05, high=600)
+LOOP_REMIND_AFTER = env_float("LOOP_REMIND_AFTER", 3600, low=1, high=365 * 86400)
+LOOP_REMIND_TIMES = env_int("LOOP_REMIND_TIMES", 3, low=0, high=100)
+# Web Push: who the push services may write to about this sender (the VAPID "sub" claim).
+LOOP_PUSH_CONTACT = os.environ.get("LOOP_PUSH_CONTACT", "mailto:" + DEFAULT_FROM_EMAIL)
+
 # The loop (DESIGN.md).
 LOOP_MAX_ATTEMPTS = env_int("LOOP_MAX_ATTEMPTS", 5, low=1)
 LOOP_STEP_TIMEOUT = env_int("LOOP_STEP_TIMEOUT", 15 * 60, low=1)

@@ -86,12 +86,8 @@ def receiver() -> Iterator[Receiver]:
     r.server.shutdown()
 
 
-@pytest.fixture
-def site(transactional_db: None, processes: list[subprocess.Popen[bytes]], tmp_path: Path) -> str:
-    """A real daphne on a free port, on the test database; static files collected first."""
-    call_command("collectstatic", interactive=False, verbosity=0)
-    port = free_port()
-    log = open(tmp_path / "daphne.log", "ab")  # noqa: SIM115
+def start_daphne(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """A real daphne on `port`, on the test database, once it listens."""
     proc = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/daphne"),
@@ -103,17 +99,25 @@ def site(transactional_db: None, processes: list[subprocess.Popen[bytes]], tmp_p
         ],
         cwd=ROOT,
         env=process_env(),
-        stdout=log,
+        stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    processes.append(proc)
 
     def listening() -> bool:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
     wait_for(listening, timeout=30)
+    return proc
+
+
+@pytest.fixture
+def site(transactional_db: None, processes: list[subprocess.Popen[bytes]], tmp_path: Path) -> str:
+    """A real daphne on a free port, on the test database; static files collected first."""
+    call_command("collectstatic", interactive=False, verbosity=0)
+    port = free_port()
+    processes.append(start_daphne(port, tmp_path / "daphne.log"))
     return f"http://127.0.0.1:{port}"
 
 

@@ -24,6 +24,7 @@ PACKAGE = "loop"
 # Only floors that exist are checked (loop.worker and loop.step_life are to come).
 FLOORS = [
     "loop.worker",
+    "loop.notify",
     "loop.step_life",
     "loop.judges",
     "loop.effects",

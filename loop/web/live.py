@@ -139,7 +139,7 @@ def _swap(dom_id: str, template: str, ctx: dict[str, Any]) -> dict[str, str]:
 
 
 def banner_swap() -> dict[str, str]:
-    return _swap("banner", "loop/home.html#banner", {"problems": context.health.problems()})
+    return _swap("banner", "loop/home.html#banner", {"problems": context.health.banner()})
 
 
 def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str, Any]:

@@ -91,6 +91,7 @@
       document.title = (msg.count ? "(" + msg.count + ") " : "") + baseTitle;
     }
     state.messages += 1;
+    document.dispatchEvent(new CustomEvent("pippa:live", { detail: msg })); // notify.js
   }
 
   function connect() {
@@ -102,6 +103,7 @@
     ws.onopen = function () {
       openedAt = Date.now();
       body.dataset.live = "open";
+      document.dispatchEvent(new CustomEvent("pippa:socket", { detail: "open" })); // notify.js
     };
     ws.onmessage = function (event) {
       const msg = JSON.parse(event.data);
@@ -119,6 +121,7 @@
     state.attempts = (state.attempts || 0) + 1;
     ws.onclose = function (event) {
       body.dataset.live = "closed";
+      document.dispatchEvent(new CustomEvent("pippa:socket", { detail: "closed" })); // notify.js
       if (state.reloading) return;
       if (REFUSED[event.code]) return refused(event.code);
       // A socket that stayed open a while broke by chance: try again soon. One closed at

@@ -168,7 +168,7 @@ def progress() -> list[Progress]:
     ids = [t.pk for t in tasks]
     counts = open_steps.counts(ids)
     current = open_steps.first_open(ids)
-    holders = lease.holders(tasks)
+    holders = lease.holders(tasks, shown=True)
     return [
         Progress(
             t, *counts[t.pk], current.get(t.pk), holders.get(t.pk), goals.waits_for_approval(t)
@@ -195,7 +195,7 @@ def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
         "recent": recent(),
     }
     if with_banner:
-        context["problems"] = health.problems()
+        context["problems"] = health.banner()
     return context
 
 
@@ -355,7 +355,7 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     return {
         "can_act": can_act,
         "task": task,
-        "holder": lease.holder(task),
+        "holder": lease.holder(task, shown=True),
         "plan_waits": goals.waits_for_approval(task),
         "proposal": proposal_of(task),
         "tokens": transcript.task_usage(task.pk),
