@@ -61,7 +61,7 @@ PERSON_ONLY = frozenset(
     {"answer questions", "approve a plan", "give a task", "create a schedule", "edit a schedule"}
 )
 # What Pippa may ask for, in her own task: a proposal, never an answer.
-PIPPA_MAY = frozenset({"add steps"})
+PIPPA_MAY = frozenset({"add steps", "write in the conversation"})
 
 
 class System:
