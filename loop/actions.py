@@ -131,6 +131,15 @@ def create_task(
     return _create(plan, actor, user, origin=origin, run=run)
 
 
+def propose_task(*, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
+    """A task proposed by Pippa (in a conversation turn, her own task's) or an agent: every
+    step `proposed`, the task paused until a person approves or declines it, whatever
+    LOOP_CONFIRM_PLANS says (a proposal is a question to Dad)."""
+    task_id = user.task_id if isinstance(user, permissions.Pippa) else None
+    require(user, "propose a task", actor=actor, task_id=task_id)
+    return _create(plan, actor, user, origin=Origin.CONVERSATION, propose=True)
+
+
 def create_task_from_goal(
     *, goal: Any, title: Any = None, actor: str, user: Who, origin: Origin = Origin.PLAN
 ) -> Task:
@@ -151,11 +160,12 @@ def _create(
     origin: Origin = Origin.PLAN,
     run: ScheduleRun | None = None,
     start: bool = True,
+    propose: bool = False,
 ) -> Task:
     writer, written_by = permissions.author(user, actor)
     if run is not None:
         writer, written_by = Writer.SCHEDULE, run.schedule.name
-    waits = start and goals.needs_approval(writer, plan.steps)
+    waits = start and (propose or goals.needs_approval(writer, plan.steps))
     with transaction.atomic():
         task = Task.objects.create(
             title=plan.title,

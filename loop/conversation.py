@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 
 from . import journal
 from .models import AuthorKind, EventKind, Message, Step, Task, Writer
@@ -115,17 +116,22 @@ SPEAKERS: dict[str, str] = {
 
 def for_model(task: Task) -> str:
     """The conversation as the model reads it in every request of the task's steps: the
-    messages since the task was created and the latest one before it, at most
-    LOOP_LLM_CONVERSATION_MESSAGES of them (the newest), each cut to LOOP_LLM_RESULT_CHARS,
-    with a note of what was left out: never silently. "" when there is nothing to read."""
+    messages since Dad's latest before the task was created (his last word, and all that
+    followed: a schedule's run, Pippa's answers), at most LOOP_LLM_CONVERSATION_MESSAGES of
+    them (the newest), each cut to LOOP_LLM_RESULT_CHARS, with a note of what was left out:
+    never silently. "" when there is nothing to read."""
     limit = int(settings.LOOP_LLM_CONVERSATION_MESSAGES)
     before = (
-        Message.objects.filter(created_at__lt=task.created_at)
+        Message.objects.filter(created_at__lt=task.created_at, author_kind=AuthorKind.USER)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()
     )
-    since = Message.objects.filter(id__gte=before) if before else Message.objects.all()
+    since = Message.objects.filter(
+        Q(id__gte=before or task.origin_message_id or 0)
+        if before or task.origin_message_id
+        else Q(created_at__gte=task.created_at)
+    )
     found = list(reversed(since.order_by("-id")[: limit + 1]))
     if not found:
         return ""

@@ -49,6 +49,7 @@ from .. import (
     questions,
     tools,
     transcript,
+    turns,
 )
 from ..models import (
     AuthorKind,
@@ -281,6 +282,9 @@ class Tick:
         if name == SAY:
             self._say(call_id, args)
             return None
+        if name == turns.PROPOSE and turns.is_turn(self.step):
+            self._propose(call_id, args)
+            return None
         tool = offered(self.step).get(name)
         if tool is None:
             known = {model_name(n) for n in tools.names()}
@@ -476,6 +480,21 @@ class Tick:
                 task_id=step.task_id,
             )
             transcript.add_result(step, call_id, f"said (message {message.pk})", actor=self.actor)
+
+    def _propose(self, call_id: str, args: dict[str, Any]) -> None:
+        """A conversation turn's proposal (`turns.propose`): the task and the call's result
+        commit together, so a resume never proposes it twice."""
+        try:
+            with transaction.atomic():
+                task = turns.propose(self.step, args)
+                transcript.add_result(
+                    self.step,
+                    call_id,
+                    f"proposed as task {task.pk}: it waits for Dad's approval",
+                    actor=self.actor,
+                )
+        except (plans.PlanError, actions.Refused, Forbidden) as exc:
+            self._refuse(call_id, turns.PROPOSE, f"refused: {exc}")
 
     def _refuse(self, call_id: str, name: str, why: str) -> None:
         with transaction.atomic():

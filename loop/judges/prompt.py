@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import tools
+from .. import tools, turns
 from ..models import Event, EventKind, Step, TaskState
 
 COMMIT = "commit_step"
@@ -99,7 +99,27 @@ def tool_specs(step: Step) -> list[dict[str, Any]]:
         }
         for name, tool in offered(step).items()
     ]
+    if turns.is_turn(step):
+        specs.append(PROPOSE_SPEC)
     return [*specs, *ENDING_TOOLS]
+
+
+PROPOSE_SPEC = {
+    "type": "function",
+    "function": {
+        "name": turns.PROPOSE,
+        "description": "Propose a task to Dad: it runs only when he approves it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "instructions": {"type": "string"},
+                "steps": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["title", "steps"],
+        },
+    },
+}
 
 
 ENDING_TOOLS = [
@@ -194,7 +214,7 @@ def briefing(step: Step) -> str:
         "Instructions:",
         step.instructions,
     ]
-    if task.state == TaskState.PLANNING:
+    if task.state == TaskState.PLANNING or turns.is_turn(step):
         lines += ["Tools a plan may use (name: read-only or side effect; args, ? if optional):"]
         lines += plan_tools()
     return "\n".join(lines)

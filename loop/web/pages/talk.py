@@ -12,8 +12,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from ... import conversation
-from ...models import AuthorKind, Message, Schedule, ScheduleRun
+from ... import conversation, turns
+from ...models import Message, Schedule, ScheduleRun
 from . import context
 from .respond import actor, answer, can_act
 
@@ -53,12 +53,7 @@ def conversation_page(request: HttpRequest) -> HttpResponse:
     authorization) and shows the page again."""
     if request.method == "POST":
         try:
-            conversation.post(
-                author=actor(request),
-                kind=AuthorKind.USER,
-                text=request.POST.get("text", ""),
-                user=request.user,
-            )
+            turns.post(author=actor(request), text=request.POST.get("text", ""), user=request.user)
         except PermissionDenied as exc:
             return answer(request, str(exc), status=403, fallback="/conversation")
         except conversation.MessageError as exc:

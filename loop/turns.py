@@ -1,0 +1,96 @@
+"""Conversation turns (DESIGN.md §10, "Pippa reads and writes the conversation").
+
+A message from Dad that no running task answers — no task with a model step is under way to
+read it — starts a conversation turn in the same commit: a task of one read-only model step
+(`reply`) whose requests carry the conversation like every model step's. Pippa answers with
+`say`, and may propose a task with `propose_task`: a plan she writes, created with every step
+`proposed` and the task waiting, paused, for Dad's one click (approve or decline, as any plan
+she writes: `actions.approve_plan`, `actions.decline_plan`), shown as a card in the
+conversation. The turn is a step like any other — durable transcript, bounds, crash-safe: its
+`say` and its proposal each commit with their call's result, so a cut turn answers once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from . import actions, conversation, goals, plans
+from .models import AuthorKind, Message, Origin, Step, StepState, Task, TaskState
+from .permissions import SYSTEM, Pippa, Who
+
+TURN_KEY = "reply"
+PROPOSE = "propose_task"
+INSTRUCTIONS = """\
+Dad wrote in the conversation (his latest message is shown above, with what came before). \
+Answer him with the say tool: short, plain words. If he asks for something to be done, you may \
+propose a task with propose_task: a title and its steps (plan-file steps, as below); it runs \
+only when Dad approves it, so say what it will do. Do not carry it out yourself in this step. \
+Then call commit_step 'done'."""
+
+LIVE_TASKS = (TaskState.PLANNING, TaskState.RUNNING, TaskState.BLOCKED)
+OPEN_STEPS = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
+
+
+def answered() -> bool:
+    """Whether a task under way will read a new message: one with a model step still to run
+    (its next request carries the conversation). Index step_open serves it."""
+    return Step.objects.filter(
+        judge="model", state__in=OPEN_STEPS, task__state__in=LIVE_TASKS
+    ).exists()
+
+
+def post(*, author: str, text: str, user: Who) -> tuple[Message, Task | None]:
+    """A person's message, and the conversation turn it starts when no task under way answers
+    it and a model is configured: one commit. The turn's task, or None."""
+    with transaction.atomic():
+        message = conversation.post(author=author, kind=AuthorKind.USER, text=text, user=user)
+        if not settings.LOOP_LLM_BASE_URL or answered():
+            return message, None
+        plan = plans.validate(
+            {
+                "title": f"Reply to {author}: {goals.short(text, 60)}",
+                "steps": [
+                    {
+                        "key": TURN_KEY,
+                        "title": "Reply in the conversation",
+                        "judge": "model",
+                        "instructions": INSTRUCTIONS,
+                    }
+                ],
+            }
+        )
+        task = actions.create_task(plan=plan, actor=author, user=SYSTEM, origin=Origin.CONVERSATION)
+        Task.objects.filter(pk=task.pk).update(origin_message=message)
+        task.origin_message = message
+    return message, task
+
+
+def is_turn(step: Step) -> bool:
+    """The step is a conversation turn's reply (it may propose tasks)."""
+    return step.key == TURN_KEY and step.task.origin == Origin.CONVERSATION
+
+
+def propose(step: Step, args: dict[str, Any]) -> Task:
+    """Pippa's proposal in a turn: a task from the plan `args` (`title`, `steps`, optional
+    `instructions`), validated like any plan (PlanError naming the field), written by Pippa,
+    every step `proposed`, the task paused until Dad approves; and her message carrying it as
+    a card. In the caller's transaction (with the call's result)."""
+    who = Pippa(step.task_id, step.key, step.attempts)
+    spec = plans.validate(args)
+    if spec.schedule is not None:
+        raise plans.PlanError(["schedule: a proposal is a task; Dad writes schedules"])
+    with transaction.atomic():
+        task = actions.propose_task(plan=spec, actor=who.name, user=who)
+        conversation.post(
+            author="Pippa",
+            kind=AuthorKind.PIPPA,
+            text=f"I propose a task: {spec.title} ({len(spec.steps)} steps). It runs when "
+            "you approve it.",
+            user=who,
+            task_id=step.task_id,
+            proposal=task,
+        )
+    return task

@@ -1,0 +1,136 @@
+"""Dad and Pippa talk (DESIGN.md §10, §17), through one real `runloop` process and the scripted
+model server, whose log of requests is the proof of what Pippa was shown:
+
+- a message Dad writes while a model step runs is in that step's next request;
+- a message no running task answers starts a conversation turn: Pippa replies with `say` and
+  proposes a task; Dad approves it with one click; it runs;
+- "no watering please", then the schedule's next run: Pippa, told, skips, and the valve
+  receiver gets nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from loop import actions, conversation, goals, plans, schedules, transcript, turns
+from loop.models import AuthorKind, Message, Schedule, Task, TaskState
+from loop.permissions import SYSTEM
+
+from .conftest import kill, make_task, manage, model_env, start_runloop, wait_for
+from .support.llm_server import ModelServer, briefings, call, calls, commit, tool_results
+from .support.sinks import Receiver
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def step_key(body: dict[str, Any]) -> str:
+    for text in reversed(briefings(body["messages"])):
+        for line in text.splitlines():
+            if line.startswith("Your step now: "):
+                return line.removeprefix("Your step now: ").split(":")[0]
+    raise AssertionError("no briefing")
+
+
+def shown(body: dict[str, Any]) -> str:
+    """What the request carries besides the transcript (`prompt.context`): "" if nothing."""
+    messages = body["messages"]
+    if len(messages) > 1 and messages[1]["role"] == "system":
+        return str(messages[1]["content"])
+    return ""
+
+
+def test_pippa_reads_and_writes_the_conversation_through_a_real_runloop(
+    dad: Any, tmp_path: Path, processes: list[subprocess.Popen[bytes]], settings: Any
+) -> None:
+    with Receiver() as valve:
+        env: dict[str, str] = {}
+
+        def script(body: dict[str, Any], n: int) -> Any:
+            key, done = step_key(body), tool_results(body["messages"])
+            if key == "think":  # Dad writes while this step runs
+                if not done:
+                    manage("say", "Use the red bucket.", "--as", "dad", env=env)
+                    return call("echo", value="thinking")
+                return commit(output="red" if "Use the red bucket." in shown(body) else "?")
+            if key == turns.TURN_KEY:
+                if not done:
+                    plan = {
+                        "title": "Fill the bucket",
+                        "steps": [{"key": "fill", "tool": "echo", "args": {"value": 1}}],
+                    }
+                    return calls(
+                        ("say", {"text": "No watering today. Shall I fill the bucket instead?"}),
+                        ("propose_task", plan),
+                    )
+                return commit(output="answered")
+            if key == "water":
+                if "no watering please" in shown(body):
+                    return commit(output="skipped: Dad said no watering")
+                return call("http_post", url=valve.url("/open"))
+            raise AssertionError(f"unexpected step {key}")
+
+        with ModelServer(script) as model:
+            settings.LOOP_LLM_BASE_URL = model.base_url
+            env.update(model_env(model))
+            think = make_task({"key": "think", "judge": "model", "instructions": "Think."})
+            processes.append(start_runloop(env=env, log=tmp_path / "runloop.log"))
+
+            # 1. Written mid-step: the step's next request carries it.
+            wait_for(lambda: Task.objects.get(pk=think.pk).state == TaskState.DONE, timeout=90)
+            assert think.steps.get().output == "red"
+            first, second = [b for b in model.requests if step_key(b) == "think"]
+            assert "Use the red bucket." not in json.dumps(first["messages"])
+            assert "- " in shown(second) and "Dad (dad): Use the red bucket." in shown(second)
+            assert "outrank" in shown(second)  # Dad's words outrank the plan
+
+            # 2. A message no running task answers: a turn, a reply, a proposal, one click.
+            message, turn = turns.post(author="dad", text="no watering please", user=dad)
+            assert turn is not None and turn.origin_message_id == message.pk
+            wait_for(lambda: Task.objects.get(pk=turn.pk).state == TaskState.DONE, timeout=60)
+            said = Message.objects.filter(author_kind=AuthorKind.PIPPA).order_by("id")
+            assert [m.text for m in said][0].startswith("No watering today.")
+            proposed = said.last()
+            assert proposed is not None and proposed.proposal is not None
+            task = proposed.proposal
+            assert goals.waits_for_approval(task)  # nothing runs before Dad's click
+            actions.approve_plan(task_id=task.pk, actor="dad", user=dad)
+            wait_for(lambda: Task.objects.get(pk=task.pk).state == TaskState.DONE, timeout=60)
+
+            # 3. The schedule's next run: Pippa, told, skips; the valve gets nothing.
+            spec = plans.validate(
+                {
+                    "title": "water",
+                    "schedule": "0 6 * * *",
+                    "timezone": "UTC",
+                    "steps": [
+                        {
+                            "key": "water",
+                            "judge": "model",
+                            "instructions": "Open the valve with http_post.",
+                            "tools": ["http.post"],
+                            "side_effect": True,
+                        }
+                    ],
+                }
+            )
+            schedule = schedules.create(spec=spec, actor="dad", user=SYSTEM)
+            due = timezone.now() - timedelta(seconds=1)
+            Schedule.objects.filter(pk=schedule.pk).update(next_due=due)
+            wait_for(lambda: Task.objects.filter(origin_run__schedule=schedule).exists())
+            run = Task.objects.get(origin_run__schedule=schedule)
+            wait_for(lambda: Task.objects.get(pk=run.pk).state == TaskState.DONE, timeout=60)
+            kill(processes[-1])
+        assert valve.posts == []
+    assert run.steps.get().output == "skipped: Dad said no watering"
+    # The turn's step is durable and paired; its say and proposal each posted once.
+    reply = turn.steps.get()
+    assert transcript.unpaired(transcript.entries(reply)) == []
+    assert Message.objects.filter(author_kind=AuthorKind.PIPPA).count() == 2
+    assert conversation.message_dict(proposed)["proposal"] == task.pk
