@@ -19,7 +19,7 @@ from django.db import transaction
 
 from . import actions, conversation, goals, plans
 from .models import AuthorKind, Message, Origin, Step, StepState, Task, TaskState
-from .permissions import SYSTEM, Pippa, Who
+from .permissions import SYSTEM, Pippa, Who, require
 
 TURN_KEY = "reply"
 PROPOSE = "propose_task"
@@ -45,6 +45,7 @@ def answered() -> bool:
 def post(*, author: str, text: str, user: Who) -> tuple[Message, Task | None]:
     """A person's message, and the conversation turn it starts when no task under way answers
     it and a model is configured: one commit. The turn's task, or None."""
+    require(user, "write in the conversation", actor=author)  # a refusal's event commits
     with transaction.atomic():
         message = conversation.post(author=author, kind=AuthorKind.USER, text=text, user=user)
         if not settings.LOOP_LLM_BASE_URL or answered():

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from ... import conversation, turns
-from ...models import Message, Schedule, ScheduleRun
+from ...models import Message, Origin, Schedule, ScheduleRun, Task
 from . import context
 from .respond import actor, answer, can_act
 
@@ -39,11 +39,31 @@ def schedule_rows() -> list[ScheduleRow]:
 def page_context() -> dict[str, Any]:
     """What the page and its live pushes render (`loop/web/live.py` calls this too)."""
     shown: list[Message] = conversation.history(limit=SHOWN)
+    cards(shown)
     return {
         "talk": shown,
         "latest_message": shown[-1].pk if shown else None,
         "schedules": schedule_rows(),
     }
+
+
+def cards(shown: list[Message]) -> None:
+    """Each message's card, as attributes the page reads: a schedule's run links its task
+    (`run_task`), Pippa's proposal shows its plan and Dad's two buttons while it waits
+    (`card`, `proposed`). Two lookups for the page."""
+    runs = dict(
+        Task.objects.filter(origin_message_id__in=[m.pk for m in shown])
+        .exclude(origin=Origin.CONVERSATION)
+        .values_list("origin_message_id", "pk")
+    )
+    proposed = {
+        t.pk: t for t in Task.objects.filter(pk__in=[m.proposal_id for m in shown if m.proposal_id])
+    }
+    for m in shown:
+        task = proposed.get(m.proposal_id) if m.proposal_id else None
+        m.run_task = runs.get(m.pk)  # type: ignore[attr-defined]
+        m.proposed = task  # type: ignore[attr-defined]
+        m.card = context.proposal_of(task) if task is not None else None  # type: ignore[attr-defined]
 
 
 @login_required
