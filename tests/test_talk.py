@@ -134,3 +134,56 @@ def test_pippa_reads_and_writes_the_conversation_through_a_real_runloop(
     assert transcript.unpaired(transcript.entries(reply)) == []
     assert Message.objects.filter(author_kind=AuthorKind.PIPPA).count() == 2
     assert conversation.message_dict(proposed)["proposal"] == task.pk
+
+
+# ---- the three answers over the API and at the shell --------------------------------------------
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_api_and_the_shell_edit_deny_and_reply(dad: Any, worker: Any) -> None:
+    """`POST /api/steps/{id}/unblock` with `args` (edit, then allow), a bad edit is a 400
+    naming the field and changes nothing; `manage.py unblock --reply` keeps a tool step
+    waiting; `--deny --note` fails it and its task waits, paused, not failed."""
+    from django.core.management import CommandError, call_command
+
+    from loop.api.core import issue
+    from loop.models import Event, Step
+
+    from .conftest import run_until_idle, step
+    from .test_api import Agent
+
+    url = "http://127.0.0.1:9/pay"
+    pay = step("pay", "http.post", args={"url": url, "json": {"n": 1}}, confirm_before=True)
+    task = make_task(pay, step("after"))
+    run_until_idle(worker)
+    asking = Step.objects.get(task=task, key="pay")
+    phone = Agent(issue(name="dads-phone", user=dad, answers=True)[1])
+    where = f"/api/steps/{asking.pk}/unblock"
+    bad = phone.post(where, {"decision": "allow", "args": {"url": 5}})
+    assert bad.status_code == 400 and "url" in bad.json()["error"], bad.content
+    bad = phone.post(where, {"decision": "deny", "args": {"url": url}})
+    assert bad.status_code == 400 and bad.json()["error"].startswith("args:"), bad.content
+    assert phone.post(where, {"decision": "reply"}).status_code == 400  # a reply needs words
+    asking.refresh_from_db()
+    assert asking.state == "blocked" and asking.args["json"] == {"n": 1}
+
+    call_command("unblock", str(asking.pk), "--reply", "Is this the plumber's bill?")
+    asking.refresh_from_db()
+    assert asking.state == "blocked"
+    with pytest.raises(CommandError, match="args: not JSON"):
+        call_command("unblock", str(asking.pk), "--allow", "--args", "{nope")
+    edited = {"url": url, "json": {"n": 2}}
+    done = phone.post(where, {"decision": "allow", "args": edited})
+    assert done.status_code == 200 and done.json()["state"] == "pending", done.content
+    asking.refresh_from_db()
+    assert asking.args == edited and asking.authorized_by == "agent:dads-phone"
+    [decision] = Event.objects.filter(step=asking, kind="decision", data__decision="allow")
+    assert decision.data["edited"] == {"before": pay["args"], "after": edited}
+
+    second = make_task(step("pay", "http.post", args={"url": url}, confirm_before=True))
+    run_until_idle(worker)
+    denied = Step.objects.get(task=second)
+    call_command("unblock", str(denied.pk), "--deny", "--note", "Not this month.")
+    denied.refresh_from_db()
+    assert denied.state == "failed" and denied.error.endswith("Not this month.")
+    assert Task.objects.get(pk=second.pk).state == TaskState.PAUSED  # waits, not failed
