@@ -119,7 +119,8 @@ def test_edit_reply_deny_and_the_repeat_warning_in_the_card(
             card.get_by_role("button", name="Allow this call once").click()
             expect(page.locator("#flash")).to_contain_text("as you edited it")
             wait_for(lambda: Task.objects.get(pk=edit.pk).state == TaskState.DONE, timeout=60)
-            assert [json.loads(p.body) for p in sink.posts] == [{"amount": 90}]
+            paid = [json.loads(p.body) for p in sink.posts]
+            assert [b for b in paid if "amount" in b] == [{"amount": 90}]  # ("again" runs too)
             [edited] = Event.objects.filter(step=pay, kind="step_edited")
             assert edited.data["before"]["json"] == {"amount": 120}
             assert edited.data["after"]["json"] == {"amount": 90}
@@ -155,7 +156,8 @@ def test_edit_reply_deny_and_the_repeat_warning_in_the_card(
             card.get_by_role("button", name="Deny").click()
             wait_for(lambda: Task.objects.get(pk=again.pk).state == TaskState.DONE, timeout=60)
     # One post from the edited call and one from Pippa's first repeat: nothing else went out.
-    assert [json.loads(p.body) for p in sink.posts] == [{"amount": 90}, {"n": 3}]
+    bodies = sorted(json.dumps(json.loads(p.body)) for p in sink.posts)
+    assert bodies == ['{"amount": 90}', '{"n": 3}']
 
 
 def test_the_conversation_on_a_phone(
