@@ -14,7 +14,18 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, goals, journal, open_steps, permissions, plans, questions, sql, transcript
+from . import (
+    calls,
+    goals,
+    journal,
+    open_steps,
+    permissions,
+    plans,
+    questions,
+    sql,
+    tools,
+    transcript,
+)
 from .models import (
     AgentToken,
     EffectState,
@@ -589,16 +600,30 @@ def _answer_pending_call(step: Step, text: str, *, actor: str) -> None:
         return
 
 
+def _edit_model_call(step: Step, args: dict[str, Any]) -> dict[str, Any]:
+    """Edit, then allow, for Pippa's call: the arguments are checked as the tool's (PlanError
+    naming the field); the transcript keeps her call as she made it, and the decision's event
+    the edit (`transcript.edit_of`): the call is made as edited, the authorization binds it,
+    and her next requests are told (`prompt.context`)."""
+    call_id, name, before = transcript.pending(step)
+    if not call_id:
+        raise Refused(f"args: step '{step.key}' waits on no call of Pippa's to edit")
+    tool = tools.get(name)
+    problems = tool.check_args(args, f"step '{step.key}'")
+    if problems:
+        raise plans.PlanError(problems)
+    if calls.canonical(args) == calls.canonical(before):
+        return {}
+    return {"call_id": call_id, "edited": {"before": before, "after": args}}
+
+
 def _edit_call(step: Step, args: dict[str, Any], *, actor: str) -> dict[str, Any]:
     """Edit, then allow: the tool step's call becomes `args`, checked as the tool's arguments
     (PlanError naming the field; nothing changed). Journaled `step_edited` with the call as
     asked and as edited; effects never sent of the call as asked are cancelled. What the
     decision's event records."""
     if step.judge == "model":
-        raise Refused(
-            "args: a model step's call is Pippa's: deny it with a reason saying what to change, "
-            "or reply"
-        )
+        return _edit_model_call(step, args)
     fixed = calls.why_fixed(step)
     if fixed:
         raise Refused(fixed)

@@ -187,3 +187,55 @@ def test_the_api_and_the_shell_edit_deny_and_reply(dad: Any, worker: Any) -> Non
     denied.refresh_from_db()
     assert denied.state == "failed" and denied.error.endswith("Not this month.")
     assert Task.objects.get(pk=second.pk).state == TaskState.PAUSED  # waits, not failed
+
+
+@pytest.mark.django_db(transaction=False)
+def test_edit_then_allow_pippas_call_sends_the_edited_call_once(
+    llm: Any, worker: Any, dad: Any
+) -> None:
+    """Dad edits the call Pippa asked about: the edited call goes out once (its effect the
+    edited call's), the authorization binds it, her transcript keeps her call as she made it,
+    and her next request is told of the edit."""
+    from loop import calls
+    from loop.models import Event, Step
+
+    from .conftest import run_until_idle
+
+    with Receiver() as sink:
+
+        def script(body: dict[str, Any], n: int) -> Any:
+            if not tool_results(body["messages"]):
+                return call("http_post", url=sink.url("/pay"), json={"n": 1})
+            assert '"n": 2' in shown(body) and "edited" in shown(body)
+            return commit(output="paid as Dad said")
+
+        llm(script)
+        task = make_task(
+            {
+                "key": "pay",
+                "judge": "model",
+                "instructions": "Pay.",
+                "tools": ["http.post"],
+                "side_effect": True,
+                "confirm_before": True,
+            }
+        )
+        run_until_idle(worker)
+        pay = Step.objects.get(task=task)
+        assert pay.state == "blocked"
+        edited = {"url": sink.url("/pay"), "json": {"n": 2}}
+        with pytest.raises(plans.PlanError, match="url"):
+            actions.unblock(
+                step_id=pay.pk, decision="allow", actor="dad", user=dad, args={"url": 7}
+            )
+        actions.unblock(step_id=pay.pk, decision="allow", actor="dad", user=dad, args=edited)
+        pay.refresh_from_db()
+        assert pay.authorized_call == calls.digest("http.post", edited)
+        run_until_idle(worker)
+        pay.refresh_from_db()
+        assert (pay.state, pay.output) == ("done", "paid as Dad said")
+        assert [json.loads(p.body) for p in sink.posts] == [{"n": 2}]
+    [made] = [e for e in transcript.entries(pay) if e.role == "assistant"][0].tool_calls
+    assert json.loads(made["arguments"])["json"] == {"n": 1}  # her call, as she made it
+    [decision] = Event.objects.filter(step=pay, kind="decision")
+    assert decision.data["edited"]["after"] == edited

@@ -304,7 +304,8 @@ class Tick:
                 self.step, call_id, cut(self._read(tool, args)), actor=self.holder.actor
             )
             return None
-        return self._side_effect(entry, index, call_id, tool, args)
+        edited = transcript.edit_of(self.step, call_id)  # Dad's "Edit, then allow"
+        return self._side_effect(entry, index, call_id, tool, args if edited is None else edited)
 
     def _read(self, tool: tools.Tool, args: dict[str, Any]) -> str:
         try:

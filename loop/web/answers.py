@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import calls, tools
+from .. import calls, tools, transcript
 from ..models import Step
 
 LONG = ("body", "content", "sql", "json")  # arguments shown as a large box
@@ -36,14 +36,22 @@ class EditField:
 
 
 def editable(step: Step) -> list[EditField]:
-    """The fields of the step's call, for "Edit, then allow": [] when it can't be edited (a
-    model step's call is Pippa's; a call with an effect beyond a first intent is fixed)."""
-    if step.judge == "model" or not step.tool:
+    """The fields of the step's call, for "Edit, then allow" (a model step's: the call of
+    Pippa's that waits); [] when there is none, or it can't be edited (a tool step's call with
+    an effect beyond a first intent is fixed)."""
+    if step.judge == "model":  # Pippa's call that waits, as she made it or Dad edited it
+        call_id, name, args = transcript.pending(step)
+        if not call_id:
+            return []
+        args = transcript.edit_of(step, call_id) or args
+        tool = tools.find(name)
+    else:
+        tool = tools.find(step.tool) if step.tool else None
+        if tool is None or calls.why_fixed(step):
+            return []
+        args = step.args
+    if tool is None or not isinstance(args, dict):
         return []
-    tool = tools.find(step.tool)
-    if tool is None or calls.why_fixed(step):
-        return []
-    args = step.args if isinstance(step.args, dict) else {}
     found = []
     for name, arg in tool.args.items():
         value = args.get(name)
