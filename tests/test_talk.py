@@ -239,3 +239,31 @@ def test_edit_then_allow_pippas_call_sends_the_edited_call_once(
     assert json.loads(made["arguments"])["json"] == {"n": 1}  # her call, as she made it
     [decision] = Event.objects.filter(step=pay, kind="decision")
     assert decision.data["edited"]["after"] == edited
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_denied_tool_step_waits_and_pippa_is_told_why(llm: Any, worker: Any, dad: Any) -> None:
+    """Deny, with a reason, on a tool step: it fails, the task waits (paused) instead of
+    failing; resumed, Pippa's next step is told which step Dad denied and why."""
+    from .conftest import run_until_idle, step
+
+    told: list[str] = []
+
+    def script(body: dict[str, Any], n: int) -> Any:
+        told.append(shown(body))
+        return commit(output="told")
+
+    llm(script)
+    url = "http://127.0.0.1:9/pay"
+    task = make_task(
+        step("pay", "http.post", args={"url": url}, confirm_before=True),
+        {"key": "next", "judge": "model", "instructions": "Go on."},
+    )
+    run_until_idle(worker)
+    pay = task.steps.get(key="pay")
+    actions.unblock(step_id=pay.pk, decision="deny", actor="dad", user=dad, note="Too dear.")
+    assert Task.objects.get(pk=task.pk).state == TaskState.PAUSED
+    actions.resume(task_id=task.pk, actor="dad", user=dad)
+    run_until_idle(worker)
+    assert "about step 'pay': deny: Too dear." in told[0]
+    assert Task.objects.get(pk=task.pk).state == TaskState.DONE

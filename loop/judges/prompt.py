@@ -222,8 +222,9 @@ def briefing(step: Step) -> str:
 
 def context(step: Step) -> str:
     """What every request of the step carries besides its transcript, read anew for each
-    (DESIGN.md §10, §17): the conversation with Dad, and Dad's answers to this step's
-    questions with his words. "" when there is neither."""
+    (DESIGN.md §10, §17): the conversation with Dad, and Dad's answers to the questions of
+    the step's task with his words (a denial of a tool step's call, and why, included: Pippa
+    may propose a replacement). "" when there is neither."""
     from .. import conversation
 
     parts = []
@@ -231,22 +232,23 @@ def context(step: Step) -> str:
     if talk:
         parts.append(talk)
     answers = []
-    for data, at in (
-        Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION)
+    for key, data, at in (
+        Event.objects.filter(task_id=step.task_id, kind=EventKind.DECISION)
         .order_by("-id")
-        .values_list("data", "created_at")[:ANSWERS]
+        .values_list("step__key", "data", "created_at")[:ANSWERS]
     ):
         note = cut(str(data.get("note") or ""), NOTE_CHARS)
         edited = data.get("edited")
-        said = f"- {at:%H:%M} UTC: {data.get('decision')}"
+        about = "this step" if key == step.key else f"step '{key}'"
+        said = f"- {at:%H:%M} UTC, about {about}: {data.get('decision')}"
         if edited:
             said += f" (Dad edited the call's arguments to {as_text(edited.get('after'))})"
         answers.append(f"{said}: {note}" if note else said)
     if answers:
-        parts.append("Dad's answers to this step's questions (oldest first):")
+        parts.append("Dad's answers to this task's questions (oldest first):")
         parts.extend(reversed(answers))
     return "\n".join(parts)
 
 
-ANSWERS = 10  # the latest answers to a step's questions that its requests carry
+ANSWERS = 10  # the latest answers to a task's questions that its model requests carry
 NOTE_CHARS = 2000
