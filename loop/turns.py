@@ -88,8 +88,8 @@ def propose(step: Step, args: dict[str, Any]) -> Task:
         conversation.post(
             author="Pippa",
             kind=AuthorKind.PIPPA,
-            text=f"I propose a task: {spec.title} ({len(spec.steps)} steps). It runs when "
-            "you approve it.",
+            text=f"I propose a task: {spec.title} ({len(spec.steps)} "
+            f"step{'' if len(spec.steps) == 1 else 's'}). It runs when you approve it.",
             user=who,
             task_id=step.task_id,
             proposal=task,

@@ -114,6 +114,10 @@ def test_edit_reply_deny_and_the_repeat_warning_in_the_card(
             card = page.locator(f"#question-{pay.pk}")
             expect(card).to_contain_text("May I do this?")
             card.locator("summary", has_text="Edit, then allow").click()
+            page.set_viewport_size({"width": 390, "height": 844})  # Dad's phone
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390
+            shot(page, "answers-phone.png")
+            page.set_viewport_size({"width": 1280, "height": 900})
             card.locator(f"#arg-{pay.pk}-json").fill('{"amount": 90}')
             shot(page, "answers-edit-then-allow.png")
             card.get_by_role("button", name="Allow this call once").click()
@@ -209,3 +213,5 @@ def test_the_conversation_on_a_phone(
     said = Message.objects.get(proposal=proposed)
     expect(page.locator(f"#message-{said.pk} .proposal-state")).to_contain_text("running")
     assert Task.objects.get(pk=proposed.pk).state == TaskState.RUNNING
+    page.set_viewport_size({"width": 1280, "height": 900})
+    shot(page, "conversation-wide.png")

@@ -51,6 +51,7 @@ def test_pippa_reads_and_writes_the_conversation_through_a_real_runloop(
 ) -> None:
     with Receiver() as valve:
         env: dict[str, str] = {}
+        killed: list[bool] = []
 
         def script(body: dict[str, Any], n: int) -> Any:
             key, done = step_key(body), tool_results(body["messages"])
@@ -69,6 +70,9 @@ def test_pippa_reads_and_writes_the_conversation_through_a_real_runloop(
                         ("say", {"text": "No watering today. Shall I fill the bucket instead?"}),
                         ("propose_task", plan),
                     )
+                if not killed:  # the worker dies before the turn commits: a cut turn
+                    killed.append(True)
+                    return lambda: (kill(processes[-1]), commit(output="lost"))[1]
                 return commit(output="answered")
             if key == "water":
                 if "no watering please" in shown(body):
@@ -93,7 +97,10 @@ def test_pippa_reads_and_writes_the_conversation_through_a_real_runloop(
             # 2. A message no running task answers: a turn, a reply, a proposal, one click.
             message, turn = turns.post(author="dad", text="no watering please", user=dad)
             assert turn is not None and turn.origin_message_id == message.pk
+            wait_for(lambda: bool(killed) and processes[-1].poll() is not None, timeout=60)
+            processes.append(start_runloop(env=env, log=tmp_path / "runloop2.log"))
             wait_for(lambda: Task.objects.get(pk=turn.pk).state == TaskState.DONE, timeout=60)
+            assert turn.steps.get().output == "answered"  # the cut turn, answered once
             said = Message.objects.filter(author_kind=AuthorKind.PIPPA).order_by("id")
             assert [m.text for m in said][0].startswith("No watering today.")
             proposed = said.last()
