@@ -28,6 +28,7 @@ def post(
     user: Who,
     task_id: int | None = None,
     proposal: Task | None = None,
+    schedule: dict[str, Any] | None = None,
 ) -> Message:
     """Append a message and journal it. Joins the caller's transaction if there is one (a
     schedule's run posts its message with its task; Pippa's `say` with the call's result)."""
@@ -41,7 +42,11 @@ def post(
     with transaction.atomic():
         _in_commit_order()
         message = Message.objects.create(
-            author=author[:150], author_kind=kind, text=text, proposal=proposal
+            author=author[:150],
+            author_kind=kind,
+            text=text,
+            proposal=proposal,
+            proposed_schedule=schedule,
         )
         journal.record(
             EventKind.MESSAGE_POSTED,
@@ -88,6 +93,8 @@ def message_dict(message: Message) -> dict[str, Any]:
         "text": message.text,
         "at": message.created_at.isoformat(),
         "proposal": message.proposal_id,
+        "proposed_schedule": message.proposed_schedule,
+        "answer": message.answer,
     }
 
 

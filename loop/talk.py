@@ -33,6 +33,10 @@ class Message(models.Model):
     proposal = models.ForeignKey(
         "loop.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # A schedule Pippa proposed with this message (a plan with `schedule`), until Dad answers:
+    # approving creates it as his; `answer` says who approved or declined it.
+    proposed_schedule = models.JSONField(null=True, blank=True)
+    answer = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["id"]

@@ -17,18 +17,30 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from . import actions, conversation, goals, plans
-from .models import AuthorKind, Message, Origin, Step, StepState, Task, TaskState
+from . import actions, conversation, goals, journal, plans, schedules
+from .models import (
+    AuthorKind,
+    EventKind,
+    Message,
+    Origin,
+    Schedule,
+    Step,
+    StepState,
+    Task,
+    TaskState,
+)
 from .permissions import SYSTEM, Pippa, Who, require
 
 TURN_KEY = "reply"
 PROPOSE = "propose_task"
+PROPOSE_SCHEDULE = "propose_schedule"
 INSTRUCTIONS = """\
 Dad wrote in the conversation (his latest message is shown above, with what came before). \
 Answer him with the say tool: short, plain words. If he asks for something to be done, you may \
 propose a task with propose_task: a title and its steps (plan-file steps, as below); it runs \
-only when Dad approves it, so say what it will do. Do not carry it out yourself in this step. \
-Then call commit_step 'done'."""
+only when Dad approves it, so say what it will do. For something to do again and again, \
+propose a schedule with propose_schedule: the same, with "schedule" (a cron expression) and \
+"timezone". Do not carry it out yourself in this step. Then call commit_step 'done'."""
 
 LIVE_TASKS = (TaskState.PLANNING, TaskState.RUNNING, TaskState.BLOCKED)
 OPEN_STEPS = (StepState.PENDING, StepState.RUNNING, StepState.BLOCKED)
@@ -95,3 +107,54 @@ def propose(step: Step, args: dict[str, Any]) -> Task:
             proposal=task,
         )
     return task
+
+
+def propose_schedule(step: Step, args: dict[str, Any]) -> Message:
+    """Pippa's proposal of a schedule in a turn: a plan with `schedule` (and `timezone`),
+    validated like any (PlanError naming the field), kept with her message until Dad approves
+    it — then it is created as his (`approve_schedule`) — or declines it. In the caller's
+    transaction (with the call's result)."""
+    who = Pippa(step.task_id, step.key, step.attempts)
+    spec = plans.validate(args)
+    if spec.schedule is None:
+        raise plans.PlanError(["schedule: required (a cron expression); without one, propose_task"])
+    return conversation.post(
+        author="Pippa",
+        kind=AuthorKind.PIPPA,
+        text=f"I propose a schedule: {spec.title}, at '{spec.schedule}' ({spec.timezone}). "
+        "It starts when you approve it.",
+        user=who,
+        task_id=step.task_id,
+        schedule=args,
+    )
+
+
+def approve_schedule(*, message_id: int, actor: str, user: Who) -> Schedule:
+    """A person approves the schedule Pippa proposed with message `message_id`: it is created
+    as theirs (they may create schedules: `schedules.create` checks), and the message says so.
+    Refused once it was answered."""
+    with transaction.atomic():
+        message = _unanswered(message_id)
+        spec = plans.validate(message.proposed_schedule)
+        schedule = schedules.create(spec=spec, actor=actor, user=user)
+        Message.objects.filter(pk=message.pk).update(answer=f"approved by {actor}")
+    return schedule
+
+
+def decline_schedule(*, message_id: int, actor: str, user: Who) -> Message:
+    """A person declines the schedule Pippa proposed: nothing is created; journaled."""
+    require(user, "create a schedule", actor=actor)
+    with transaction.atomic():
+        message = _unanswered(message_id)
+        Message.objects.filter(pk=message.pk).update(answer=f"declined by {actor}")
+        journal.record(EventKind.PLAN_DECLINED, actor=actor, message=message.pk, schedule=True)
+    return message
+
+
+def _unanswered(message_id: int) -> Message:
+    message = Message.objects.select_for_update().filter(pk=message_id).first()
+    if message is None or message.proposed_schedule is None:
+        raise actions.Refused(f"message {message_id} proposes no schedule")
+    if message.answer:
+        raise actions.Refused(f"message {message_id}'s schedule was {message.answer}")
+    return message

@@ -274,3 +274,47 @@ def test_a_denied_tool_step_waits_and_pippa_is_told_why(llm: Any, worker: Any, d
     run_until_idle(worker)
     assert "about step 'pay': deny: Too dear." in told[0]
     assert Task.objects.get(pk=task.pk).state == TaskState.DONE
+
+
+@pytest.mark.django_db(transaction=False)
+def test_pippa_proposes_a_schedule_and_only_dads_click_makes_it(
+    llm: Any, worker: Any, dad: Any, guest: Any
+) -> None:
+    from django.test import Client
+
+    from .conftest import run_until_idle
+
+    weekly = {
+        "title": "Water the roses",
+        "schedule": "0 6 * * MON",
+        "timezone": "Europe/Berlin",
+        "steps": [{"key": "water", "tool": "echo", "args": {"value": "roses"}}],
+    }
+
+    def script(body: dict[str, Any], n: int) -> Any:
+        if not tool_results(body["messages"]):
+            return calls(("propose_schedule", {**weekly, "schedule": "never"}))
+        if len(tool_results(body["messages"])) == 1:
+            assert "schedule" in tool_results(body["messages"])[0]  # refused, naming it
+            return calls(("propose_schedule", weekly))
+        return commit(output="proposed")
+
+    llm(script)
+    message, turn = turns.post(author="dad", text="Water the roses every Monday.", user=dad)
+    assert turn is not None
+    run_until_idle(worker)
+    proposal = Message.objects.get(proposed_schedule__isnull=False)
+    assert proposal.author_kind == AuthorKind.PIPPA and proposal.proposed_schedule == weekly
+    assert not Schedule.objects.exists()  # nothing before Dad's click
+    where = f"/conversation/{proposal.pk}/schedule"
+    outsider = Client()
+    outsider.force_login(guest)
+    assert outsider.post(where, {"decision": "approve"}).status_code == 403
+    page = Client()
+    page.force_login(dad)
+    assert "May I make this schedule?" in page.get("/conversation").content.decode()
+    assert page.post(where, {"decision": "approve"}).status_code == 302
+    made = Schedule.objects.get()
+    assert (made.name, made.cron, made.created_by) == ("Water the roses", "0 6 * * MON", "dad")
+    assert page.post(where, {"decision": "decline"}).status_code == 409  # answered once
+    assert Message.objects.get(pk=proposal.pk).answer == "approved by dad"

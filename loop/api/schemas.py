@@ -294,6 +294,11 @@ class Message(Schema):
     author_kind: str | None = None
     text: str | None = None
     at: str | None = None
+    proposal: int | None = Field(None, description="the task Pippa proposed with it")
+    proposed_schedule: dict[str, Any] | None = Field(
+        None, description="the schedule (a plan with `schedule`) Pippa proposed with it"
+    )
+    answer: str | None = Field(None, description="who approved or declined that schedule")
 
 
 class Schedule(Schema):

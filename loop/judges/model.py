@@ -282,8 +282,8 @@ class Tick:
         if name == SAY:
             self._say(call_id, args)
             return None
-        if name == turns.PROPOSE and turns.is_turn(self.step):
-            self._propose(call_id, args)
+        if name in (turns.PROPOSE, turns.PROPOSE_SCHEDULE) and turns.is_turn(self.step):
+            self._propose(call_id, name, args)
             return None
         tool = offered(self.step).get(name)
         if tool is None:
@@ -482,20 +482,21 @@ class Tick:
             )
             transcript.add_result(step, call_id, f"said (message {message.pk})", actor=self.actor)
 
-    def _propose(self, call_id: str, args: dict[str, Any]) -> None:
-        """A conversation turn's proposal (`turns.propose`): the task and the call's result
-        commit together, so a resume never proposes it twice."""
+    def _propose(self, call_id: str, name: str, args: dict[str, Any]) -> None:
+        """A conversation turn's proposal of a task or a schedule (`turns.propose`,
+        `turns.propose_schedule`): it and the call's result commit together, so a resume never
+        proposes it twice."""
         try:
             with transaction.atomic():
-                task = turns.propose(self.step, args)
-                transcript.add_result(
-                    self.step,
-                    call_id,
-                    f"proposed as task {task.pk}: it waits for Dad's approval",
-                    actor=self.actor,
-                )
+                if name == turns.PROPOSE:
+                    task = turns.propose(self.step, args)
+                    said = f"proposed as task {task.pk}: it waits for Dad's approval"
+                else:
+                    message = turns.propose_schedule(self.step, args)
+                    said = f"proposed in message {message.pk}: it waits for Dad's approval"
+                transcript.add_result(self.step, call_id, said, actor=self.actor)
         except (plans.PlanError, actions.Refused, Forbidden) as exc:
-            self._refuse(call_id, turns.PROPOSE, f"refused: {exc}")
+            self._refuse(call_id, name, f"refused: {exc}")
 
     def _refuse(self, call_id: str, name: str, why: str) -> None:
         with transaction.atomic():

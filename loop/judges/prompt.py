@@ -100,7 +100,7 @@ def tool_specs(step: Step) -> list[dict[str, Any]]:
         for name, tool in offered(step).items()
     ]
     if turns.is_turn(step):
-        specs.append(PROPOSE_SPEC)
+        specs += [PROPOSE_SPEC, PROPOSE_SCHEDULE_SPEC]
     return [*specs, *ENDING_TOOLS]
 
 
@@ -117,6 +117,23 @@ PROPOSE_SPEC = {
                 "steps": {"type": "array", "items": {"type": "object"}},
             },
             "required": ["title", "steps"],
+        },
+    },
+}
+PROPOSE_SCHEDULE_SPEC = {
+    "type": "function",
+    "function": {
+        "name": turns.PROPOSE_SCHEDULE,
+        "description": "Propose a schedule to Dad: it starts only when he approves it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "schedule": {"type": "string", "description": "a cron expression"},
+                "timezone": {"type": "string"},
+                "steps": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["title", "schedule", "steps"],
         },
     },
 }

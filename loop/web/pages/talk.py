@@ -10,9 +10,10 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
 
-from ... import conversation, turns
+from ... import actions, conversation, plans, turns
 from ...models import Message, Origin, Schedule, ScheduleRun, Task
 from . import context
 from .respond import actor, answer, can_act
@@ -64,6 +65,23 @@ def cards(shown: list[Message]) -> None:
         m.run_task = runs.get(m.pk)  # type: ignore[attr-defined]
         m.proposed = task  # type: ignore[attr-defined]
         m.card = context.proposal_of(task) if task is not None else None  # type: ignore[attr-defined]
+        m.schedule_card = schedule_card(m.proposed_schedule)  # type: ignore[attr-defined]
+
+
+def schedule_card(plan: Any) -> dict[str, Any] | None:
+    """A proposed schedule as its card shows it: title, cron, zone, and each step's title and
+    what does it (its tool, or Pippa)."""
+    if not isinstance(plan, dict):
+        return None
+    steps = [s for s in plan.get("steps") or [] if isinstance(s, dict)]
+    return {
+        "title": str(plan.get("title", "")),
+        "cron": str(plan.get("schedule", "")),
+        "zone": str(plan.get("timezone") or "the site's zone"),
+        "steps": [
+            (str(s.get("title") or s.get("key", "")), str(s.get("tool") or "Pippa")) for s in steps
+        ],
+    }
 
 
 @login_required
@@ -92,3 +110,28 @@ def conversation_page(request: HttpRequest) -> HttpResponse:
             "topic": "conversation",
         },
     )
+
+
+@login_required
+@require_POST
+def answer_schedule(request: HttpRequest, message_id: int) -> HttpResponse:
+    """Dad's one click on a schedule Pippa proposed: `decision` approve (it is created as his)
+    or decline."""
+    page = reverse("loop:conversation")
+    decision = request.POST.get("decision")
+    if decision not in ("approve", "decline"):
+        return answer(request, "decision: approve or decline", status=400, fallback=page)
+    try:
+        if decision == "approve":
+            made = turns.approve_schedule(
+                message_id=message_id, actor=actor(request), user=request.user
+            )
+            said = f"Schedule '{made.name}' approved: it runs at its next due time."
+        else:
+            turns.decline_schedule(message_id=message_id, actor=actor(request), user=request.user)
+            said = "Schedule declined: nothing was made."
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403, fallback=page)
+    except (actions.Refused, plans.PlanError) as exc:
+        return answer(request, f"schedule: {exc}", status=409, fallback=page)
+    return answer(request, said, fallback=page)
