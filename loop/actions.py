@@ -474,8 +474,9 @@ def unblock(
       Pippa goes on; a tool step fails with it and its task waits, paused, for a replacement or
       a resume: a denial never fails a task outright;
     - `reply` with a `note`: words to Pippa about the question, no decision. A model step's
-      call gets them as its result (it was not made; she may make it again, and Dad is asked
-      again); a tool step keeps waiting for an answer, the words journaled.
+      call that asks "May I do this?" gets them as its result (it was not made; she may make
+      it again, and Dad is asked again); any other question keeps waiting for its answer, the
+      words journaled (a model step's next requests carry them).
     """
     if decision not in DECISIONS and decision != REPLY:
         raise Refused(f"decision: must be one of {', '.join([*DECISIONS, REPLY])}")
@@ -504,8 +505,10 @@ def unblock(
         model = step.judge == "model"
         if decision == REPLY:
             journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
-            if not model or task.ended:
-                return step  # no decision: the question waits for its answer
+            if not model or task.ended or step.question_kind != QuestionKind.MAY_I:
+                # No decision: the question waits for its answer (a "Did this happen?" above
+                # all: what the call did is not known, so it gets no result here).
+                return step
             _answer_pending_call(step, f"{REPLIED} {note}", actor=actor)
             return _go_on(task, step, decision, actor)
         if DECISIONS[decision] != step.question_kind:
