@@ -14,7 +14,18 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import calls, goals, journal, open_steps, permissions, plans, questions, sql
+from . import (
+    calls,
+    goals,
+    journal,
+    open_steps,
+    permissions,
+    plans,
+    questions,
+    sql,
+    tools,
+    transcript,
+)
 from .models import (
     AgentToken,
     EffectState,
@@ -131,6 +142,15 @@ def create_task(
     return _create(plan, actor, user, origin=origin, run=run)
 
 
+def propose_task(*, plan: plans.PlanSpec, actor: str, user: Who) -> Task:
+    """A task proposed by Pippa (in a conversation turn, her own task's) or an agent: every
+    step `proposed`, the task paused until a person approves or declines it, whatever
+    LOOP_CONFIRM_PLANS says (a proposal is a question to Dad)."""
+    task_id = user.task_id if isinstance(user, permissions.Pippa) else None
+    require(user, "propose a task", actor=actor, task_id=task_id)
+    return _create(plan, actor, user, origin=Origin.CONVERSATION, propose=True)
+
+
 def create_task_from_goal(
     *, goal: Any, title: Any = None, actor: str, user: Who, origin: Origin = Origin.PLAN
 ) -> Task:
@@ -151,11 +171,12 @@ def _create(
     origin: Origin = Origin.PLAN,
     run: ScheduleRun | None = None,
     start: bool = True,
+    propose: bool = False,
 ) -> Task:
     writer, written_by = permissions.author(user, actor)
     if run is not None:
         writer, written_by = Writer.SCHEDULE, run.schedule.name
-    waits = start and goals.needs_approval(writer, plan.steps)
+    waits = start and (propose or goals.needs_approval(writer, plan.steps))
     with transaction.atomic():
         task = Task.objects.create(
             title=plan.title,
@@ -434,11 +455,44 @@ def _move(
 # ---- answers to questions ----------------------------------------------------------------------
 
 
-def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "") -> Step:
-    """Answer a blocked step's question. A decision that does not answer the question
-    changes nothing."""
-    if decision not in DECISIONS:
-        raise Refused(f"decision: must be one of {', '.join(DECISIONS)}")
+def unblock(
+    *,
+    step_id: int,
+    decision: str,
+    actor: str,
+    user: Who,
+    note: str = "",
+    args: dict[str, Any] | None = None,
+) -> Step:
+    """Answer a blocked step's question (DESIGN.md §5, §17). A decision that does not answer
+    the question changes nothing. Answers that talk back:
+
+    - `allow` with `args` (edit, then allow): the call's arguments as Dad changed them,
+      validated as the tool's; the step's call becomes the edited one (journaled with both)
+      and the authorization binds it;
+    - `deny` with a `note` (the reason): a model step's call gets the reason as its result and
+      Pippa goes on; a tool step fails with it and its task waits, paused, for a replacement or
+      a resume: a denial never fails a task outright;
+    - `reply` with a `note`: words to Pippa about the question, no decision. A model step's
+      call that asks "May I do this?" gets them as its result (it was not made; she may make
+      it again, and Dad is asked again); any other question keeps waiting for its answer, the
+      words journaled (a model step's next requests carry them).
+    """
+    if decision not in DECISIONS and decision != REPLY:
+        raise Refused(f"decision: must be one of {', '.join([*DECISIONS, REPLY])}")
+    problems = []  # the request's own faults (a 400 naming the field), before any state
+    if args is not None and decision != "allow":
+        problems.append("args: only with 'allow' (edit, then allow)")
+    elif args is not None and not isinstance(args, dict):
+        problems.append("args: must be an object, the call's arguments")
+    if not isinstance(note, str):
+        problems.append("note: must be a string")
+    elif len(note) > NOTE_CHARS:
+        problems.append(f"note: at most {NOTE_CHARS} characters")
+    elif decision == REPLY and not note.strip():
+        problems.append("note: a reply needs words")
+    if problems:
+        raise plans.PlanError(problems)
     require(user, "answer questions", actor=actor, step_id=step_id, decision=decision)
     with transaction.atomic():
         # Lock order everywhere: the task row, then its steps (the runner's claim holds the
@@ -448,6 +502,15 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
         step = Step.objects.select_for_update().get(pk=step_id)
         if step.state != StepState.BLOCKED:
             raise Refused(f"step '{step.key}' is {step.state}, not blocked")
+        model = step.judge == "model"
+        if decision == REPLY:
+            journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
+            if not model or task.ended or step.question_kind != QuestionKind.MAY_I:
+                # No decision: the question waits for its answer (a "Did this happen?" above
+                # all: what the call did is not known, so it gets no result here).
+                return step
+            _answer_pending_call(step, f"{REPLIED} {note}", actor=actor)
+            return _go_on(task, step, decision, actor)
         if DECISIONS[decision] != step.question_kind:
             raise Refused(
                 f"'{decision}' does not answer \"{QuestionKind(step.question_kind).label}\""
@@ -459,7 +522,16 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
                 f"task {task.pk} is {task.state}: its steps never run again, so '{decision}' "
                 f"can't be done; answer {' or '.join(repr(d) for d in _closing(step))}"
             )
-        journal.record(EventKind.DECISION, step=step, actor=actor, decision=decision, note=note)
+        edited: dict[str, Any] = {}
+        if args is not None:
+            edited = _edit_call(step, args, actor=actor)
+        journal.record(
+            EventKind.DECISION, step=step, actor=actor, decision=decision, note=note, **edited
+        )
+        if decision == "deny" and model and not task.ended:
+            why = f"{DENIED} {note}" if note else f"{DENIED} (no reason given)"
+            _answer_pending_call(step, why, actor=actor)
+            return _go_on(task, step, decision, actor)
         # An answer to "Did this happen?" settles exactly the effects its question names.
         asked = DECISIONS[decision] == QuestionKind.DID_IT_HAPPEN
         unsettled = questions.named(step, step.effects.order_by("created_at")) if asked else []
@@ -476,7 +548,11 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
                     finished_at=timezone.now(),
                 ),
             )
-            after_step_failed(task, actor=actor)
+            if decision == "deny" and task.state in (TaskState.RUNNING, TaskState.BLOCKED):
+                # Dad said no to this call, not to the task: it waits for a replacement.
+                move_task(task, "pause", actor=actor, data={"reason": DENIED_WAITS})
+            else:
+                after_step_failed(task, actor=actor)
             return step
         for effect in unsettled:
             if decision == "happened":
@@ -491,19 +567,87 @@ def unblock(*, step_id: int, decision: str, actor: str, user: Who, note: str = "
                 )
             else:
                 move_effect(effect, "rerun", actor=actor, fields={"evidence": "", "error": ""})
-        # The authorization covers the call the question showed: a blocked step's call can't
-        # be edited, and the outputs its args refer to are final, so it is the call now.
-        call = calls.of(step)
-        move_step(
-            step,
-            "unblock",
-            kind=EventKind.STEP_UNBLOCKED,
-            actor=actor,
-            fields=_cleared(authorized_by=actor, authorized_call=call),
-            data={"decision": decision, "call": call},
-        )
-        follow(task, actor=actor)
+        return _go_on(task, step, decision, actor)
+
+
+REPLY = "reply"
+NOTE_CHARS = 4000
+DENIED = "error: not made: Dad denied this call. His reason:"
+REPLIED = "not made: Dad replied instead of answering (to ask him again, make the call again):"
+DENIED_WAITS = "Dad denied a step: the task waits for a replacement or a resume"
+
+
+def _go_on(task: Task, step: Step, decision: str, actor: str) -> Step:
+    """The step back to `pending` with one authorization, of the call the question showed (a
+    blocked step's call can't be edited but by the answer itself, and the outputs its args
+    refer to are final, so it is the call now). A model step whose call was answered (denied,
+    replied to) waits on no call: the authorization covers none, and Pippa goes on."""
+    call = calls.of(step)
+    move_step(
+        step,
+        "unblock",
+        kind=EventKind.STEP_UNBLOCKED,
+        actor=actor,
+        fields=_cleared(authorized_by=actor, authorized_call=call),
+        data={"decision": decision, "call": call},
+    )
+    follow(task, actor=actor)
     return step
+
+
+def _answer_pending_call(step: Step, text: str, *, actor: str) -> None:
+    """A model step's call that waits on Dad's answer gets `text` as its result (committed
+    with the answer), so the step's next request carries it; nothing if none waits."""
+    for one in transcript.dangling(transcript.entries(step)):
+        transcript.add_result(step, one.call.get("id", ""), text, actor=actor)
+        return
+
+
+def _edit_model_call(step: Step, args: dict[str, Any]) -> dict[str, Any]:
+    """Edit, then allow, for Pippa's call: the arguments are checked as the tool's (PlanError
+    naming the field); the transcript keeps her call as she made it, and the decision's event
+    the edit (`transcript.edit_of`): the call is made as edited, the authorization binds it,
+    and her next requests are told (`prompt.context`)."""
+    call_id, name, before = transcript.pending(step)
+    if not call_id:
+        raise Refused(f"args: step '{step.key}' waits on no call of Pippa's to edit")
+    tool = tools.get(name)
+    problems = tool.check_args(args, f"step '{step.key}'")
+    if problems:
+        raise plans.PlanError(problems)
+    if calls.canonical(args) == calls.canonical(before):
+        return {}
+    return {"call_id": call_id, "edited": {"before": before, "after": args}}
+
+
+def _edit_call(step: Step, args: dict[str, Any], *, actor: str) -> dict[str, Any]:
+    """Edit, then allow: the tool step's call becomes `args`, checked as the tool's arguments
+    (PlanError naming the field; nothing changed). Journaled `step_edited` with the call as
+    asked and as edited; effects never sent of the call as asked are cancelled. What the
+    decision's event records."""
+    if step.judge == "model":
+        return _edit_model_call(step, args)
+    fixed = calls.why_fixed(step)
+    if fixed:
+        raise Refused(fixed)
+    before = dict(step.args or {})
+    found = plans.check_step(
+        {"key": step.key, **{name: getattr(step, name) for name in PLAN_FIELDS}, "args": args},
+        where=f"step '{step.key}'",
+    )
+    if found.errors or found.spec is None:
+        raise plans.PlanError(found.errors)
+    after = found.spec.args
+    if calls.canonical(after) == calls.canonical(before):
+        return {}
+    Step.objects.filter(pk=step.pk).update(args=after)
+    step.args = after
+    journal.record(
+        EventKind.STEP_EDITED, step=step, actor=actor, fields=["args"], before=before, after=after
+    )
+    for effect in step.effects.filter(state=EffectState.PENDING).select_for_update():
+        move_effect(effect, "cancel", actor=actor)
+    return {"edited": {"before": before, "after": after}}
 
 
 def withdraw_moot_questions(*, actor: str) -> int:

@@ -139,6 +139,7 @@ class Origin(models.TextChoices):
     API = "api", "API"
     DASHBOARD = "dashboard", "Dashboard"
     SCHEDULE = "schedule", "Schedule"
+    CONVERSATION = "conversation", "Conversation"
 
 
 # The task states nothing leaves (done, failed, superseded), in the order of TaskState: the

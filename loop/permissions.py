@@ -53,6 +53,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "create a schedule": (CREATE, ANSWER),
     "edit a schedule": (CREATE, ANSWER),  # its plan, its times, switching it on or off
     "write in the conversation": (WRITE,),
+    # A task waiting, paused, for a person's approval (Pippa's, in a conversation turn).
+    "propose a task": (CREATE,),
 }
 
 # Acts that are a person's answer, whatever permissions an agent's user holds: only a person
@@ -61,7 +63,7 @@ PERSON_ONLY = frozenset(
     {"answer questions", "approve a plan", "give a task", "create a schedule", "edit a schedule"}
 )
 # What Pippa may ask for, in her own task: a proposal, never an answer.
-PIPPA_MAY = frozenset({"add steps"})
+PIPPA_MAY = frozenset({"add steps", "write in the conversation", "propose a task"})
 
 
 class System:

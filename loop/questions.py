@@ -4,6 +4,7 @@ dashboard's card, `manage.py task` / `unblock` and the API's `question` all read
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +41,20 @@ def did_it_happen(effects: Iterable[Effect]) -> tuple[str, str]:
 
 def already_line(effect: Effect) -> str:
     """How a question names an earlier effect of the exact call it asks about."""
-    at = effect.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    at = effect.updated_at.strftime("%H:%M UTC on %b %d")
     if effect.state == EffectState.FAILED:
         return f"This exact call was tried at {at} and refused: {effect.error}"
-    return f"This exact call already happened at {at} (effect {effect.pk[:8]}…)."
+    receipt = json.dumps(effect.response, default=str, sort_keys=True) if effect.response else ""
+    if len(receipt) > RECEIPT_CHARS:
+        receipt = receipt[: RECEIPT_CHARS - 1] + "…"
+    return (
+        f"This exact call already happened at {at} (receipt {effect.pk[:8]}…"
+        + (f": {receipt}" if receipt else "")
+        + ")."
+    )
+
+
+RECEIPT_CHARS = 200  # the receipt as a repeat's warning shows it
 
 
 # ---- what a question shows -------------------------------------------------------------------

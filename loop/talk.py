@@ -16,6 +16,8 @@ class AuthorKind(models.TextChoices):
     """An outside agent over the API."""
     SCHEDULE = "schedule", "Schedule"
     """A schedule's run: `[SCHEDULED TASK] <name>`."""
+    PIPPA = "pippa", "Pippa"
+    """Pippa, the model, with the `say` tool (a message, not a side effect in the world)."""
 
 
 class Message(models.Model):
@@ -26,6 +28,15 @@ class Message(models.Model):
     author_kind = models.CharField(max_length=16, choices=AuthorKind.choices)
     text = models.TextField()
     created_at = models.DateTimeField(default=now)
+    # A task Pippa proposed with this message (a conversation turn): Dad approves or declines
+    # it in the conversation, as any plan she writes.
+    proposal = models.ForeignKey(
+        "loop.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # A schedule Pippa proposed with this message (a plan with `schedule`), until Dad answers:
+    # approving creates it as his; `answer` says who approved or declined it.
+    proposed_schedule = models.JSONField(null=True, blank=True)
+    answer = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["id"]

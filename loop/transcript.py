@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import Count, Sum
 
 from . import journal
-from .models import EventKind, Step, TranscriptEntry
+from .models import Event, EventKind, Step, TranscriptEntry
 
 Role = TranscriptEntry.Role
 CHANGED = "changed to be stored"
@@ -252,8 +252,20 @@ def messages(rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
 
 def pending_call(step: Step) -> tuple[str, Any]:
     """The side-effect call the step waits on ("May I do this?"): the first call of its last
-    reply without a result that names a side-effect tool, as (tool name, args); ("", {}) if
-    none. What an authorization of a model step covers (`loop.calls.of`)."""
+    reply without a result that names a side-effect tool, as (tool name, args) — the args as
+    Dad edited them, if he did (`edit_of`); ("", {}) if none. What an authorization of a model
+    step covers (`loop.calls.of`)."""
+    call_id, name, args = pending(step)
+    if call_id:
+        edited = edit_of(step, call_id)
+        if edited is not None:
+            args = edited
+    return name, args
+
+
+def pending(step: Step) -> tuple[str, str, Any]:
+    """(call id, tool name, args as the model wrote them) of the call `pending_call` names;
+    ("", "", {}) if none."""
     from . import tools
 
     for one in dangling(entries(step)):
@@ -265,8 +277,21 @@ def pending_call(step: Step) -> tuple[str, Any]:
             args = json.loads(one.call.get("arguments") or "{}")
         except ValueError:
             continue
-        return name, args
-    return "", {}
+        return one.call.get("id", ""), name, args
+    return "", "", {}
+
+
+def edit_of(step: Step, call_id: str) -> dict[str, Any] | None:
+    """The arguments Dad gave the call `call_id` of the step with "Edit, then allow" (his
+    latest such answer about it), or None: the call is made as he edited it."""
+    found = (
+        Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION, data__call_id=call_id)
+        .order_by("-id")
+        .values_list("data", flat=True)
+        .first()
+    )
+    edited = found.get("edited") if isinstance(found, dict) else None
+    return edited.get("after") if isinstance(edited, dict) else None
 
 
 def tool_named(model_name: str) -> str:

@@ -10,6 +10,11 @@ urlpatterns = [
     path("", home.home, name="home"),
     path("tasks/new", home.new_task, name="new_task"),
     path("conversation", talk.conversation_page, name="conversation"),
+    path(
+        "conversation/<int:message_id>/schedule",
+        talk.answer_schedule,
+        name="answer_schedule",
+    ),
     path("tasks/<int:task_id>", task.task_page, name="task"),
     path("tasks/<int:task_id>/steps", task.add_steps, name="add_steps"),
     path("tasks/<int:task_id>/supersede", task.supersede, name="supersede"),

@@ -438,6 +438,11 @@ LOOP_LLM_MAX_TURNS = env_int("LOOP_LLM_MAX_TURNS", 12, low=1)  # model requests 
 LOOP_LLM_TIMEOUT_SECONDS = env_float("LOOP_LLM_TIMEOUT_SECONDS", 60, low=0.1, high=3600)
 # Tool results and earlier outputs shown to the model are cut to this, with a note.
 LOOP_LLM_RESULT_CHARS = env_int("LOOP_LLM_RESULT_CHARS", 8000, low=1)
+# Every model request carries the conversation (DESIGN.md §10): the messages since its task
+# began and the latest before, at most this many (the newest; a note says how many were left
+# out). What Pippa writes with `say` is at most LOOP_SAY_CHARS characters.
+LOOP_LLM_CONVERSATION_MESSAGES = env_int("LOOP_LLM_CONVERSATION_MESSAGES", 30, low=1, high=1000)
+LOOP_SAY_CHARS = env_int("LOOP_SAY_CHARS", 2000, low=1, high=10_000)
 # How long a tick keeps retrying an endpoint that is down before it parks the worker.
 LOOP_LLM_RETRY_SECONDS = env_float("LOOP_LLM_RETRY_SECONDS", 60, low=0, high=86400)
 # The model's bounds (DESIGN.md §12 "Bounds"). Sent as `max_tokens` with every request:

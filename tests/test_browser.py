@@ -281,7 +281,7 @@ def test_a_worker_killed_mid_effect_asks_did_it_happen_and_it_happened_settles_i
     expect(question).to_contain_text(f"POST {receiver.url}")
     expect(question).to_contain_text("http.post")
     expect(page).to_have_title("(1) Pippa Loop")
-    question.locator("input[name=note]").fill("the plumber confirmed by phone")
+    question.locator("[name=note]").fill("the plumber confirmed by phone")
     shot(page, "home-did-it-happen.png")
 
     question.get_by_role("button", name="It happened").click()

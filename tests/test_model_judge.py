@@ -158,7 +158,7 @@ def test_a_read_only_step_is_never_offered_nor_given_a_side_effect_tool(
         run_until_idle(worker)
         assert receiver.posts == []
     assert "http_post" not in server.tool_names(0)
-    assert sorted(server.tool_names(0)) == ["add_steps", "commit_step", "echo", "http_get"]
+    assert sorted(server.tool_names(0)) == ["add_steps", "commit_step", "echo", "http_get", "say"]
     results = tool_results(server.requests[1]["messages"])
     assert results[0] == "error: the tool 'http_post' is not offered to this step: nothing was run"
     assert results[1] == "error: there is no tool 'no_such_tool': nothing was run"
@@ -317,10 +317,17 @@ def test_dads_allow_covers_one_call_a_second_call_asks_again(
     assert step.state == StepState.BLOCKED
     assert "b@example.com: subject 'Two'" in step.question_text
     assert Effect.objects.filter(step=step).count() == 1
-    actions.unblock(step_id=step.pk, decision="deny", actor="dad", user=dad)
+    # Deny, with a reason (DESIGN.md §17): the reason is the call's result, Pippa goes on.
+    actions.unblock(step_id=step.pk, decision="deny", actor="dad", user=dad, note="Not Bob.")
     step.refresh_from_db()
-    assert step.state == StepState.FAILED
+    assert step.state == StepState.PENDING
+    run_until_idle(worker)
+    step.refresh_from_db()
+    assert (step.state, step.output) == (StepState.DONE, "both")
     assert Effect.objects.filter(step=step).count() == 1
+    results = [e.content for e in transcript.entries(step) if e.role == "tool"]
+    assert results[1] == f"{actions.DENIED} Not Bob."
+    assert_paired(step)
 
 
 def test_long_results_and_outputs_are_cut_with_a_note_never_silently(
@@ -360,8 +367,8 @@ def test_the_model_asks_dad_a_question_and_hears_his_answer(
     llm: Any, worker: Worker, dad: Any
 ) -> None:
     def script(body: dict[str, Any], n: int) -> Any:
-        said = briefings(body["messages"])[-1]
-        if "Dad's last answer about this step: allow Use the blue one." in said:
+        said = body["messages"][1]["content"]  # what every request carries (prompt.context)
+        if "allow: Use the blue one." in said and "Dad's answers" in said:
             return commit(output="blue")
         return commit("blocked", question="Which colour, red or blue?")
 

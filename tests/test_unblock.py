@@ -58,7 +58,8 @@ def test_allow_runs_the_step_once(worker: Worker, receiver: Receiver, dad: Any) 
     assert len(receiver.posts) == 1
 
 
-@pytest.mark.parametrize(("more", "task_state"), [((), "failed"), ((step("after"),), "paused")])
+# A denial never fails the task outright (DESIGN.md §17): it waits for a replacement.
+@pytest.mark.parametrize(("more", "task_state"), [((), "paused"), ((step("after"),), "paused")])
 def test_deny_fails_the_step_and_sends_nothing(
     worker: Worker, receiver: Receiver, dad: Any, more: tuple[dict[str, Any], ...], task_state: str
 ) -> None:

@@ -26,7 +26,7 @@ class Body(Schema):
 
 
 # The view checks this field itself (one validator: `plans.validate` for a plan's fields).
-AnyDecision = Annotated[Any, WithJsonSchema({"enum": list(actions.DECISIONS)})]
+AnyDecision = Annotated[Any, WithJsonSchema({"enum": [*actions.DECISIONS, actions.REPLY]})]
 
 
 # ---- requests ----------------------------------------------------------------------------------
@@ -124,7 +124,16 @@ class Note(Body):
 
 class Unblock(Body):
     decision: AnyDecision  # checked by the view
-    note: str = ""
+    note: str = Field(
+        "",
+        description="what you know (`happened`: kept as the receipt); `deny`: the reason, "
+        "which reaches Pippa; `reply`: your words to Pippa (required)",
+    )
+    args: dict[str, Any] | None = Field(
+        None,
+        description="with `allow`: edit, then allow — the call's arguments as you changed "
+        "them, checked as the tool's; the authorization covers the edited call",
+    )
 
 
 class EffectCall(Body):
@@ -285,6 +294,11 @@ class Message(Schema):
     author_kind: str | None = None
     text: str | None = None
     at: str | None = None
+    proposal: int | None = Field(None, description="the task Pippa proposed with it")
+    proposed_schedule: dict[str, Any] | None = Field(
+        None, description="the schedule (a plan with `schedule`) Pippa proposed with it"
+    )
+    answer: str | None = Field(None, description="who approved or declined that schedule")
 
 
 class Schedule(Schema):

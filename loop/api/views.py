@@ -214,8 +214,9 @@ def supersede(request: HttpRequest, task_id: int, plan: s.Plan) -> HttpResponse:
 def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse:
     call = caller(request)
     decision = body.decision
-    if not isinstance(decision, str) or decision not in actions.DECISIONS:
-        raise ApiError(400, f"decision: required, one of {', '.join(actions.DECISIONS)}")
+    known = [*actions.DECISIONS, actions.REPLY]
+    if not isinstance(decision, str) or decision not in known:
+        raise ApiError(400, f"decision: required, one of {', '.join(known)}")
     get_step(step_id)
     step = actions.unblock(
         step_id=step_id,
@@ -223,6 +224,7 @@ def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse
         actor=call.agent.actor,
         user=call.who,
         note=body.note,
+        args=body.args,
     )
     step.refresh_from_db()
     return JsonResponse(step_dict(step))

@@ -49,8 +49,18 @@ from .. import (
     questions,
     tools,
     transcript,
+    turns,
 )
-from ..models import Effect, EffectState, Event, EventKind, Step, Task, TranscriptEntry
+from ..models import (
+    AuthorKind,
+    Effect,
+    EffectState,
+    Event,
+    EventKind,
+    Step,
+    Task,
+    TranscriptEntry,
+)
 from ..outcomes import Busy, Done, Fenced, NotSent, Rejected, Uncertain
 from ..permissions import Forbidden, Pippa
 from .base import Verdict, Work
@@ -58,10 +68,12 @@ from .prompt import (
     ADD_STEPS,
     COMMIT,
     REMINDER,
+    SAY,
     SYSTEM_TEXT,
     VERDICTS,
     as_text,
     briefing,
+    context,
     cut,
     model_name,
     offered,
@@ -136,7 +148,7 @@ class Tick:
             spent = self._over_budget(rows)
             if spent is not None:
                 return spent
-            answer = llm.complete(transcript.messages(rows), specs, on_retry=self._retrying)
+            answer = llm.complete(self._request(rows), specs, on_retry=self._retrying)
             if isinstance(answer, llm.Unavailable):
                 return self._given_back(answer.reason)
             if isinstance(answer, llm.Refused):
@@ -171,6 +183,17 @@ class Tick:
             f"{self.where}: the model made {settings.LOOP_LLM_MAX_TURNS} requests "
             "(LOOP_LLM_MAX_TURNS) without commit_step"
         )
+
+    def _request(self, rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
+        """The step's transcript as chat messages, with what every request carries read anew
+        (the conversation, Dad's answers: `prompt.context`) after the system message: a
+        message Dad writes while the step runs is in its next request."""
+        messages = transcript.messages(rows)
+        extra = context(self.step)
+        if extra:
+            at = 1 if messages and messages[0]["role"] == "system" else 0
+            messages.insert(at, {"role": "system", "content": extra})
+        return messages
 
     def _over_budget(self, rows: list[TranscriptEntry]) -> Verdict | None:
         """The step fails once its transcript's tokens (prompt and completion, as the
@@ -256,6 +279,12 @@ class Tick:
         if name == ADD_STEPS:
             self._add_steps(call_id, args)
             return None
+        if name == SAY:
+            self._say(call_id, args)
+            return None
+        if name in (turns.PROPOSE, turns.PROPOSE_SCHEDULE) and turns.is_turn(self.step):
+            self._propose(call_id, name, args)
+            return None
         tool = offered(self.step).get(name)
         if tool is None:
             known = {model_name(n) for n in tools.names()}
@@ -275,7 +304,8 @@ class Tick:
                 self.step, call_id, cut(self._read(tool, args)), actor=self.holder.actor
             )
             return None
-        return self._side_effect(entry, index, call_id, tool, args)
+        edited = transcript.edit_of(self.step, call_id)  # Dad's "Edit, then allow"
+        return self._side_effect(entry, index, call_id, tool, args if edited is None else edited)
 
     def _read(self, tool: tools.Tool, args: dict[str, Any]) -> str:
         try:
@@ -421,6 +451,52 @@ class Tick:
                 transcript.add_result(step, call_id, ADDED + keys, actor=self.holder.actor)
         except (plans.PlanError, actions.Refused, Forbidden) as exc:
             self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
+
+    def _say(self, call_id: str, args: dict[str, Any]) -> None:
+        """Pippa writes in the conversation (DESIGN.md §10): the message and the call's result
+        commit together, so a resume never posts it twice. Bounded by LOOP_SAY_CHARS."""
+        text = args.get("text")
+        limit = int(settings.LOOP_SAY_CHARS)
+        extra = sorted(set(args) - {"text"})
+        if extra:
+            self._refuse(call_id, SAY, f"say takes no argument '{extra[0]}'")
+            return
+        if not isinstance(text, str) or not text.strip():
+            self._refuse(call_id, SAY, "say: 'text' is required, a non-empty string")
+            return
+        if len(text) > limit:
+            self._refuse(
+                call_id,
+                SAY,
+                f"say: 'text' is {len(text)} characters, at most {limit} (LOOP_SAY_CHARS)",
+            )
+            return
+        step = self.step
+        with transaction.atomic():
+            message = conversation.post(
+                author="Pippa",
+                kind=AuthorKind.PIPPA,
+                text=text,
+                user=Pippa(step.task_id, step.key, step.attempts),
+                task_id=step.task_id,
+            )
+            transcript.add_result(step, call_id, f"said (message {message.pk})", actor=self.actor)
+
+    def _propose(self, call_id: str, name: str, args: dict[str, Any]) -> None:
+        """A conversation turn's proposal of a task or a schedule (`turns.propose`,
+        `turns.propose_schedule`): it and the call's result commit together, so a resume never
+        proposes it twice."""
+        try:
+            with transaction.atomic():
+                if name == turns.PROPOSE:
+                    task = turns.propose(self.step, args)
+                    said = f"proposed as task {task.pk}: it waits for Dad's approval"
+                else:
+                    message = turns.propose_schedule(self.step, args)
+                    said = f"proposed in message {message.pk}: it waits for Dad's approval"
+                transcript.add_result(self.step, call_id, said, actor=self.actor)
+        except (plans.PlanError, actions.Refused, Forbidden) as exc:
+            self._refuse(call_id, name, f"refused: {exc}")
 
     def _refuse(self, call_id: str, name: str, why: str) -> None:
         with transaction.atomic():

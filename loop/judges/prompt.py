@@ -10,11 +10,12 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import tools
+from .. import tools, turns
 from ..models import Event, EventKind, Step, TaskState
 
 COMMIT = "commit_step"
 ADD_STEPS = "add_steps"
+SAY = "say"  # a message to Dad in the conversation (DESIGN.md §10), not a side effect
 VERDICTS = ("done", "failed", "retry", "blocked")
 REMINDER = (
     "You answered without calling a tool. To finish this step, call commit_step with a "
@@ -28,7 +29,9 @@ SYSTEM_TEXT = (
     "verdict 'done' with its output, 'failed' with the error, 'retry' to try again later, or "
     "'blocked' with a question for Dad. You may revise the plan with add_steps: once it takes "
     "the steps, this turn ends, and unless the same reply calls commit_step you go on with "
-    "this step in its next attempt, shown the revised plan."
+    "this step in its next attempt, shown the revised plan. Write to Dad with say. What Dad "
+    "writes in the conversation and answers to your questions outranks the plan and the "
+    "step's instructions."
 )
 
 # The plan in a briefing is cut at this many times LOOP_LLM_RESULT_CHARS.
@@ -96,7 +99,44 @@ def tool_specs(step: Step) -> list[dict[str, Any]]:
         }
         for name, tool in offered(step).items()
     ]
+    if turns.is_turn(step):
+        specs += [PROPOSE_SPEC, PROPOSE_SCHEDULE_SPEC]
     return [*specs, *ENDING_TOOLS]
+
+
+PROPOSE_SPEC = {
+    "type": "function",
+    "function": {
+        "name": turns.PROPOSE,
+        "description": "Propose a task to Dad: it runs only when he approves it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "instructions": {"type": "string"},
+                "steps": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["title", "steps"],
+        },
+    },
+}
+PROPOSE_SCHEDULE_SPEC = {
+    "type": "function",
+    "function": {
+        "name": turns.PROPOSE_SCHEDULE,
+        "description": "Propose a schedule to Dad: it starts only when he approves it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "schedule": {"type": "string", "description": "a cron expression"},
+                "timezone": {"type": "string"},
+                "steps": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["title", "schedule", "steps"],
+        },
+    },
+}
 
 
 ENDING_TOOLS = [
@@ -114,6 +154,18 @@ ENDING_TOOLS = [
                     "question": {"type": "string", "description": "for 'blocked': ask Dad"},
                 },
                 "required": ["verdict"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": SAY,
+            "description": "Write to Dad in the conversation (a message, not a side effect).",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
             },
         },
     },
@@ -179,11 +231,41 @@ def briefing(step: Step) -> str:
         "Instructions:",
         step.instructions,
     ]
-    if task.state == TaskState.PLANNING:
+    if task.state == TaskState.PLANNING or turns.is_turn(step):
         lines += ["Tools a plan may use (name: read-only or side effect; args, ? if optional):"]
         lines += plan_tools()
-    answer = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).order_by("-id").first()
-    if answer is not None and step.attempts > 1:
-        note = answer.data.get("note") or ""
-        lines.append(f"Dad's last answer about this step: {answer.data.get('decision')} {note}")
     return "\n".join(lines)
+
+
+def context(step: Step) -> str:
+    """What every request of the step carries besides its transcript, read anew for each
+    (DESIGN.md §10, §17): the conversation with Dad, and Dad's answers to the questions of
+    the step's task with his words (a denial of a tool step's call, and why, included: Pippa
+    may propose a replacement). "" when there is neither."""
+    from .. import conversation
+
+    parts = []
+    talk = conversation.for_model(step.task)
+    if talk:
+        parts.append(talk)
+    answers = []
+    for key, data, at in (
+        Event.objects.filter(task_id=step.task_id, kind=EventKind.DECISION)
+        .order_by("-id")
+        .values_list("step__key", "data", "created_at")[:ANSWERS]
+    ):
+        note = cut(str(data.get("note") or ""), NOTE_CHARS)
+        edited = data.get("edited")
+        about = "this step" if key == step.key else f"step '{key}'"
+        said = f"- {at:%H:%M} UTC, about {about}: {data.get('decision')}"
+        if edited:
+            said += f" (Dad edited the call's arguments to {as_text(edited.get('after'))})"
+        answers.append(f"{said}: {note}" if note else said)
+    if answers:
+        parts.append("Dad's answers to this task's questions (oldest first):")
+        parts.extend(reversed(answers))
+    return "\n".join(parts)
+
+
+ANSWERS = 10  # the latest answers to a task's questions that its model requests carry
+NOTE_CHARS = 2000

@@ -6,158 +6,324 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='HealthCheck',
+            name="HealthCheck",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('payload', models.BinaryField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("payload", models.BinaryField()),
             ],
         ),
         migrations.CreateModel(
-            name='Step',
+            name="Step",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.IntegerField()),
-                ('key', models.CharField(max_length=100)),
-                ('title', models.CharField(blank=True, max_length=200)),
-                ('tool', models.CharField(max_length=100)),
-                ('args', models.JSONField(blank=True, default=dict)),
-                ('side_effect', models.BooleanField(default=False)),
-                ('confirm_before', models.BooleanField(default=False)),
-                ('max_attempts', models.PositiveIntegerField(default=5)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('blocked', 'Blocked'), ('done', 'Done'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('output', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('retry_at', models.DateTimeField(blank=True, null=True)),
-                ('question_kind', models.CharField(blank=True, choices=[('may_i', 'May I do this?'), ('did_it_happen', 'Did this happen?')], max_length=16)),
-                ('question_text', models.TextField(blank=True)),
-                ('authorized_by', models.CharField(blank=True, max_length=150)),
-                ('waived', models.BooleanField(default=False)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("position", models.IntegerField()),
+                ("key", models.CharField(max_length=100)),
+                ("title", models.CharField(blank=True, max_length=200)),
+                ("tool", models.CharField(max_length=100)),
+                ("args", models.JSONField(blank=True, default=dict)),
+                ("side_effect", models.BooleanField(default=False)),
+                ("confirm_before", models.BooleanField(default=False)),
+                ("max_attempts", models.PositiveIntegerField(default=5)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("blocked", "Blocked"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("output", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("retry_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "question_kind",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("may_i", "May I do this?"),
+                            ("did_it_happen", "Did this happen?"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("question_text", models.TextField(blank=True)),
+                ("authorized_by", models.CharField(blank=True, max_length=150)),
+                ("waived", models.BooleanField(default=False)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['task', 'position'],
-                'permissions': [('confirm_step', "Can answer a blocked step's question")],
+                "ordering": ["task", "position"],
+                "permissions": [("confirm_step", "Can answer a blocked step's question")],
             },
         ),
         migrations.CreateModel(
-            name='Effect',
+            name="Effect",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('tool', models.CharField(max_length=100)),
-                ('safe_to_repeat', models.BooleanField(default=False)),
-                ('target', models.CharField(blank=True, max_length=500)),
-                ('summary', models.TextField(blank=True)),
-                ('request', models.JSONField(default=dict)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('uncertain', 'Uncertain'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('response', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('evidence', models.TextField(blank=True)),
-                ('lease_owner', models.BigIntegerField(blank=True, null=True)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('lease_epoch', models.BigIntegerField(blank=True, null=True)),
-                ('sends', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('step', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='effects', to='loop.step')),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("tool", models.CharField(max_length=100)),
+                ("safe_to_repeat", models.BooleanField(default=False)),
+                ("target", models.CharField(blank=True, max_length=500)),
+                ("summary", models.TextField(blank=True)),
+                ("request", models.JSONField(default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("uncertain", "Uncertain"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("response", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("evidence", models.TextField(blank=True)),
+                ("lease_owner", models.BigIntegerField(blank=True, null=True)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                ("lease_epoch", models.BigIntegerField(blank=True, null=True)),
+                ("sends", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "step",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="effects",
+                        to="loop.step",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Task',
+            name="Task",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('title', models.CharField(max_length=200)),
-                ('state', models.CharField(choices=[('planning', 'Planning'), ('running', 'Running'), ('paused', 'Paused'), ('blocked', 'Blocked'), ('done', 'Done'), ('failed', 'Failed'), ('superseded', 'Superseded')], default='planning', max_length=16)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.CharField(blank=True, max_length=150)),
-                ('run_after', models.DateTimeField(blank=True, null=True)),
-                ('lease_owner', models.BigIntegerField(blank=True, null=True)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('lease_epoch', models.BigIntegerField(default=0)),
-                ('successor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='predecessors', to='loop.task')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("title", models.CharField(max_length=200)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("planning", "Planning"),
+                            ("running", "Running"),
+                            ("paused", "Paused"),
+                            ("blocked", "Blocked"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                            ("superseded", "Superseded"),
+                        ],
+                        default="planning",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("created_by", models.CharField(blank=True, max_length=150)),
+                ("run_after", models.DateTimeField(blank=True, null=True)),
+                ("lease_owner", models.BigIntegerField(blank=True, null=True)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                ("lease_epoch", models.BigIntegerField(default=0)),
+                (
+                    "successor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="predecessors",
+                        to="loop.task",
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='step',
-            name='task',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='loop.task'),
+            model_name="step",
+            name="task",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="steps", to="loop.task"
+            ),
         ),
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('task_created', 'Task Created'), ('task_state', 'Task State'), ('steps_added', 'Steps Added'), ('step_started', 'Step Started'), ('step_restarted', 'Step Restarted'), ('step_done', 'Step Done'), ('step_retry', 'Step Retry'), ('step_failed', 'Step Failed'), ('step_blocked', 'Step Blocked'), ('step_unblocked', 'Step Unblocked'), ('step_edited', 'Step Edited'), ('decision', 'Decision'), ('decision_refused', 'Decision Refused'), ('authorization_consumed', 'Authorization Consumed'), ('side_effect_auto_confirmed', 'Side Effect Auto Confirmed'), ('side_effect_resumed_unsent', 'Side Effect Resumed Unsent'), ('effect_state', 'Effect State'), ('receipt_hit', 'Receipt Hit'), ('probe', 'Probe'), ('late_result', 'Late Result'), ('lease_released', 'Lease Released'), ('worker_started', 'Worker Started'), ('worker_dead', 'Worker Dead'), ('worker_stopped', 'Worker Stopped'), ('worker_parked', 'Worker Parked'), ('write_failed', 'Write Failed')], max_length=40)),
-                ('actor', models.CharField(blank=True, max_length=150)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('effect', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='loop.effect')),
-                ('step', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='loop.step')),
-                ('task', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='loop.task')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("task_created", "Task Created"),
+                            ("task_state", "Task State"),
+                            ("steps_added", "Steps Added"),
+                            ("step_started", "Step Started"),
+                            ("step_restarted", "Step Restarted"),
+                            ("step_done", "Step Done"),
+                            ("step_retry", "Step Retry"),
+                            ("step_failed", "Step Failed"),
+                            ("step_blocked", "Step Blocked"),
+                            ("step_unblocked", "Step Unblocked"),
+                            ("step_edited", "Step Edited"),
+                            ("decision", "Decision"),
+                            ("decision_refused", "Decision Refused"),
+                            ("authorization_consumed", "Authorization Consumed"),
+                            ("side_effect_auto_confirmed", "Side Effect Auto Confirmed"),
+                            ("side_effect_resumed_unsent", "Side Effect Resumed Unsent"),
+                            ("effect_state", "Effect State"),
+                            ("receipt_hit", "Receipt Hit"),
+                            ("probe", "Probe"),
+                            ("late_result", "Late Result"),
+                            ("lease_released", "Lease Released"),
+                            ("worker_started", "Worker Started"),
+                            ("worker_dead", "Worker Dead"),
+                            ("worker_stopped", "Worker Stopped"),
+                            ("worker_parked", "Worker Parked"),
+                            ("write_failed", "Write Failed"),
+                        ],
+                        max_length=40,
+                    ),
+                ),
+                ("actor", models.CharField(blank=True, max_length=150)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "effect",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="loop.effect",
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="loop.step",
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="loop.task",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.AddField(
-            model_name='effect',
-            name='task',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='effects', to='loop.task'),
+            model_name="effect",
+            name="task",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="effects", to="loop.task"
+            ),
         ),
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('label', models.CharField(blank=True, max_length=100)),
-                ('host', models.CharField(max_length=255)),
-                ('pid', models.IntegerField()),
-                ('pid_started', models.CharField(blank=True, max_length=32)),
-                ('state', models.CharField(choices=[('running', 'Running'), ('parked', 'Parked'), ('stopped', 'Stopped'), ('dead', 'Dead')], default='running', max_length=16)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_seen', models.DateTimeField(default=django.utils.timezone.now)),
-                ('parked_reason', models.TextField(blank=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('last_error_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("label", models.CharField(blank=True, max_length=100)),
+                ("host", models.CharField(max_length=255)),
+                ("pid", models.IntegerField()),
+                ("pid_started", models.CharField(blank=True, max_length=32)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("running", "Running"),
+                            ("parked", "Parked"),
+                            ("stopped", "Stopped"),
+                            ("dead", "Dead"),
+                        ],
+                        default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_seen", models.DateTimeField(default=django.utils.timezone.now)),
+                ("parked_reason", models.TextField(blank=True)),
+                ("last_error", models.TextField(blank=True)),
+                ("last_error_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['state', 'last_seen'], name='worker_alive')],
+                "indexes": [models.Index(fields=["state", "last_seen"], name="worker_alive")],
             },
         ),
         migrations.AddIndex(
-            model_name='task',
-            index=models.Index(fields=['state', 'id'], name='task_claim'),
+            model_name="task",
+            index=models.Index(fields=["state", "id"], name="task_claim"),
         ),
         migrations.AddIndex(
-            model_name='task',
-            index=models.Index(fields=['lease_owner'], name='task_lease_owner'),
+            model_name="task",
+            index=models.Index(fields=["lease_owner"], name="task_lease_owner"),
         ),
         migrations.AddIndex(
-            model_name='step',
-            index=models.Index(fields=['state'], name='step_state'),
+            model_name="step",
+            index=models.Index(fields=["state"], name="step_state"),
         ),
         migrations.AddConstraint(
-            model_name='step',
-            constraint=models.UniqueConstraint(fields=('task', 'key'), name='step_key_unique'),
+            model_name="step",
+            constraint=models.UniqueConstraint(fields=("task", "key"), name="step_key_unique"),
         ),
         migrations.AddConstraint(
-            model_name='step',
-            constraint=models.UniqueConstraint(fields=('task', 'position'), name='step_position_unique'),
+            model_name="step",
+            constraint=models.UniqueConstraint(
+                fields=("task", "position"), name="step_position_unique"
+            ),
         ),
         migrations.AddIndex(
-            model_name='event',
-            index=models.Index(fields=['task', 'id'], name='event_task'),
+            model_name="event",
+            index=models.Index(fields=["task", "id"], name="event_task"),
         ),
         migrations.AddIndex(
-            model_name='effect',
-            index=models.Index(fields=['lease_owner', 'state'], name='effect_owner_state'),
+            model_name="effect",
+            index=models.Index(fields=["lease_owner", "state"], name="effect_owner_state"),
         ),
     ]

@@ -4,18 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0001_initial'),
+        ("loop", "0001_initial"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='task',
-            name='task_claim',
+            model_name="task",
+            name="task_claim",
         ),
         migrations.AddIndex(
-            model_name='task',
-            index=models.Index(fields=['state', 'lease_epoch', 'id'], name='task_claim'),
+            model_name="task",
+            index=models.Index(fields=["state", "lease_epoch", "id"], name="task_claim"),
         ),
     ]

@@ -7,45 +7,74 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0002_claim_least_claimed_first'),
+        ("loop", "0002_claim_least_claimed_first"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AgentToken',
+            name="AgentToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('digest', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(max_length=8)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked', models.BooleanField(default=False)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='agent_tokens', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("digest", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(max_length=8)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked", models.BooleanField(default=False)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="agent_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Receipt',
+            name="Receipt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('command_id', models.CharField(max_length=255)),
-                ('scope', models.CharField(max_length=300)),
-                ('digest', models.CharField(max_length=64)),
-                ('status', models.PositiveSmallIntegerField()),
-                ('body', models.JSONField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('agent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='receipts', to='loop.agenttoken')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("command_id", models.CharField(max_length=255)),
+                ("scope", models.CharField(max_length=300)),
+                ("digest", models.CharField(max_length=64)),
+                ("status", models.PositiveSmallIntegerField()),
+                ("body", models.JSONField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="receipts",
+                        to="loop.agenttoken",
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='agenttoken',
-            constraint=models.UniqueConstraint(condition=models.Q(('revoked', False)), fields=('name',), name='agent_token_live_name'),
+            model_name="agenttoken",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("revoked", False)),
+                fields=("name",),
+                name="agent_token_live_name",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='receipt',
-            constraint=models.UniqueConstraint(fields=('agent', 'command_id'), name='receipt_command_unique'),
+            model_name="receipt",
+            constraint=models.UniqueConstraint(
+                fields=("agent", "command_id"), name="receipt_command_unique"
+            ),
         ),
     ]

@@ -5,15 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0003_api_tokens_receipts'),
+        ("loop", "0003_api_tokens_receipts"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='event',
-            name='task',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, to='loop.task'),
+            model_name="event",
+            name="task",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                to="loop.task",
+            ),
         ),
     ]

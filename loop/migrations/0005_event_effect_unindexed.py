@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0004_event_task_index_serves_task_lookups'),
+        ("loop", "0004_event_task_index_serves_task_lookups"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='event',
-            name='effect',
-            field=models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, to='loop.effect'),
+            model_name="event",
+            name="effect",
+            field=models.ForeignKey(
+                blank=True,
+                db_constraint=False,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                to="loop.effect",
+            ),
         ),
     ]

@@ -4,20 +4,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0005_event_effect_unindexed'),
+        ("loop", "0005_event_effect_unindexed"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='authorized_call',
+            model_name="step",
+            name="authorized_call",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AlterField(
-            model_name='event',
-            name='kind',
-            field=models.CharField(choices=[('task_created', 'Task Created'), ('task_state', 'Task State'), ('steps_added', 'Steps Added'), ('step_started', 'Step Started'), ('step_restarted', 'Step Restarted'), ('step_done', 'Step Done'), ('step_retry', 'Step Retry'), ('step_failed', 'Step Failed'), ('step_blocked', 'Step Blocked'), ('step_unblocked', 'Step Unblocked'), ('step_edited', 'Step Edited'), ('decision', 'Decision'), ('decision_refused', 'Decision Refused'), ('authorization_consumed', 'Authorization Consumed'), ('authorization_cleared', 'Authorization Cleared'), ('call_refused', 'Call Refused'), ('side_effect_auto_confirmed', 'Side Effect Auto Confirmed'), ('side_effect_resumed_unsent', 'Side Effect Resumed Unsent'), ('effect_state', 'Effect State'), ('receipt_hit', 'Receipt Hit'), ('probe', 'Probe'), ('late_result', 'Late Result'), ('lease_released', 'Lease Released'), ('worker_started', 'Worker Started'), ('worker_dead', 'Worker Dead'), ('worker_stopped', 'Worker Stopped'), ('worker_parked', 'Worker Parked'), ('write_failed', 'Write Failed')], max_length=40),
+            model_name="event",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("task_created", "Task Created"),
+                    ("task_state", "Task State"),
+                    ("steps_added", "Steps Added"),
+                    ("step_started", "Step Started"),
+                    ("step_restarted", "Step Restarted"),
+                    ("step_done", "Step Done"),
+                    ("step_retry", "Step Retry"),
+                    ("step_failed", "Step Failed"),
+                    ("step_blocked", "Step Blocked"),
+                    ("step_unblocked", "Step Unblocked"),
+                    ("step_edited", "Step Edited"),
+                    ("decision", "Decision"),
+                    ("decision_refused", "Decision Refused"),
+                    ("authorization_consumed", "Authorization Consumed"),
+                    ("authorization_cleared", "Authorization Cleared"),
+                    ("call_refused", "Call Refused"),
+                    ("side_effect_auto_confirmed", "Side Effect Auto Confirmed"),
+                    ("side_effect_resumed_unsent", "Side Effect Resumed Unsent"),
+                    ("effect_state", "Effect State"),
+                    ("receipt_hit", "Receipt Hit"),
+                    ("probe", "Probe"),
+                    ("late_result", "Late Result"),
+                    ("lease_released", "Lease Released"),
+                    ("worker_started", "Worker Started"),
+                    ("worker_dead", "Worker Dead"),
+                    ("worker_stopped", "Worker Stopped"),
+                    ("worker_parked", "Worker Parked"),
+                    ("write_failed", "Write Failed"),
+                ],
+                max_length=40,
+            ),
         ),
     ]

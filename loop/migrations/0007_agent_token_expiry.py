@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0006_step_authorized_call'),
+        ("loop", "0006_step_authorized_call"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agenttoken',
-            name='expires_at',
+            model_name="agenttoken",
+            name="expires_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -4,9 +4,8 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0007_agent_token_expiry'),
+        ("loop", "0007_agent_token_expiry"),
     ]
 
     operations = [
@@ -16,14 +15,22 @@ class Migration(migrations.Migration):
         # dashboard's open-step counts: one seek to the task's first open step, never a walk
         # over its done steps (the old correlated MIN(position) subquery cost open x done rows).
         migrations.AddIndex(
-            model_name='step',
-            index=models.Index(condition=models.Q(('state__in', ('pending', 'running', 'blocked'))), fields=['task', 'position'], name='step_open'),
+            model_name="step",
+            index=models.Index(
+                condition=models.Q(("state__in", ("pending", "running", "blocked"))),
+                fields=["task", "position"],
+                name="step_open",
+            ),
         ),
         # step_failed (task_id, position) WHERE state = 'failed' serves
         # open_steps.has_unwaived_failure (actions.follow, when a task has nothing left to run:
         # done or failed?) and the dashboard's failed-step counts.
         migrations.AddIndex(
-            model_name='step',
-            index=models.Index(condition=models.Q(('state', 'failed')), fields=['task', 'position'], name='step_failed'),
+            model_name="step",
+            index=models.Index(
+                condition=models.Q(("state", "failed")),
+                fields=["task", "position"],
+                name="step_failed",
+            ),
         ),
     ]

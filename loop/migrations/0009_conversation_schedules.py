@@ -6,82 +6,177 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0008_step_open_and_failed_indexes_serve_next_step_lookup'),
+        ("loop", "0008_step_open_and_failed_indexes_serve_next_step_lookup"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('author', models.CharField(max_length=150)),
-                ('author_kind', models.CharField(choices=[('user', 'User'), ('agent', 'Agent'), ('schedule', 'Schedule')], max_length=16)),
-                ('text', models.TextField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("author", models.CharField(max_length=150)),
+                (
+                    "author_kind",
+                    models.CharField(
+                        choices=[("user", "User"), ("agent", "Agent"), ("schedule", "Schedule")],
+                        max_length=16,
+                    ),
+                ),
+                ("text", models.TextField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.AddField(
-            model_name='task',
-            name='origin',
-            field=models.CharField(choices=[('plan', 'Plan file'), ('api', 'API'), ('dashboard', 'Dashboard'), ('schedule', 'Schedule')], default='plan', max_length=16),
+            model_name="task",
+            name="origin",
+            field=models.CharField(
+                choices=[
+                    ("plan", "Plan file"),
+                    ("api", "API"),
+                    ("dashboard", "Dashboard"),
+                    ("schedule", "Schedule"),
+                ],
+                default="plan",
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='event',
-            name='kind',
-            field=models.CharField(choices=[('task_created', 'Task Created'), ('task_state', 'Task State'), ('steps_added', 'Steps Added'), ('step_started', 'Step Started'), ('step_restarted', 'Step Restarted'), ('step_done', 'Step Done'), ('step_retry', 'Step Retry'), ('step_failed', 'Step Failed'), ('step_blocked', 'Step Blocked'), ('step_unblocked', 'Step Unblocked'), ('step_edited', 'Step Edited'), ('decision', 'Decision'), ('decision_refused', 'Decision Refused'), ('authorization_consumed', 'Authorization Consumed'), ('authorization_cleared', 'Authorization Cleared'), ('call_refused', 'Call Refused'), ('side_effect_auto_confirmed', 'Side Effect Auto Confirmed'), ('side_effect_resumed_unsent', 'Side Effect Resumed Unsent'), ('effect_state', 'Effect State'), ('receipt_hit', 'Receipt Hit'), ('probe', 'Probe'), ('late_result', 'Late Result'), ('lease_released', 'Lease Released'), ('worker_started', 'Worker Started'), ('worker_dead', 'Worker Dead'), ('worker_stopped', 'Worker Stopped'), ('worker_parked', 'Worker Parked'), ('write_failed', 'Write Failed'), ('message_posted', 'Message Posted'), ('schedule_created', 'Schedule Created'), ('schedule_edited', 'Schedule Edited'), ('schedule_fired', 'Schedule Fired'), ('schedule_failed', 'Schedule Failed')], max_length=40),
+            model_name="event",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("task_created", "Task Created"),
+                    ("task_state", "Task State"),
+                    ("steps_added", "Steps Added"),
+                    ("step_started", "Step Started"),
+                    ("step_restarted", "Step Restarted"),
+                    ("step_done", "Step Done"),
+                    ("step_retry", "Step Retry"),
+                    ("step_failed", "Step Failed"),
+                    ("step_blocked", "Step Blocked"),
+                    ("step_unblocked", "Step Unblocked"),
+                    ("step_edited", "Step Edited"),
+                    ("decision", "Decision"),
+                    ("decision_refused", "Decision Refused"),
+                    ("authorization_consumed", "Authorization Consumed"),
+                    ("authorization_cleared", "Authorization Cleared"),
+                    ("call_refused", "Call Refused"),
+                    ("side_effect_auto_confirmed", "Side Effect Auto Confirmed"),
+                    ("side_effect_resumed_unsent", "Side Effect Resumed Unsent"),
+                    ("effect_state", "Effect State"),
+                    ("receipt_hit", "Receipt Hit"),
+                    ("probe", "Probe"),
+                    ("late_result", "Late Result"),
+                    ("lease_released", "Lease Released"),
+                    ("worker_started", "Worker Started"),
+                    ("worker_dead", "Worker Dead"),
+                    ("worker_stopped", "Worker Stopped"),
+                    ("worker_parked", "Worker Parked"),
+                    ("write_failed", "Write Failed"),
+                    ("message_posted", "Message Posted"),
+                    ("schedule_created", "Schedule Created"),
+                    ("schedule_edited", "Schedule Edited"),
+                    ("schedule_fired", "Schedule Fired"),
+                    ("schedule_failed", "Schedule Failed"),
+                ],
+                max_length=40,
+            ),
         ),
         migrations.AddField(
-            model_name='task',
-            name='origin_message',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='tasks', to='loop.message'),
+            model_name="task",
+            name="origin_message",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="tasks",
+                to="loop.message",
+            ),
         ),
         migrations.CreateModel(
-            name='Schedule',
+            name="Schedule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('cron', models.CharField(max_length=200)),
-                ('timezone', models.CharField(max_length=64)),
-                ('plan', models.JSONField()),
-                ('enabled', models.BooleanField(default=True)),
-                ('next_due', models.DateTimeField()),
-                ('last_run_at', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('created_by', models.CharField(blank=True, max_length=150)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=200, unique=True)),
+                ("cron", models.CharField(max_length=200)),
+                ("timezone", models.CharField(max_length=64)),
+                ("plan", models.JSONField()),
+                ("enabled", models.BooleanField(default=True)),
+                ("next_due", models.DateTimeField()),
+                ("last_run_at", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True)),
+                ("created_by", models.CharField(blank=True, max_length=150)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'indexes': [models.Index(fields=['enabled', 'next_due'], name='schedule_due')],
+                "indexes": [models.Index(fields=["enabled", "next_due"], name="schedule_due")],
             },
         ),
         migrations.CreateModel(
-            name='ScheduleRun',
+            name="ScheduleRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('due_at', models.DateTimeField()),
-                ('fired_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('missed', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
-                ('fired_by', models.CharField(blank=True, max_length=150)),
-                ('message', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='loop.message')),
-                ('schedule', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='loop.schedule')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("due_at", models.DateTimeField()),
+                ("fired_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("missed", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
+                ("fired_by", models.CharField(blank=True, max_length=150)),
+                (
+                    "message",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="loop.message",
+                    ),
+                ),
+                (
+                    "schedule",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="runs",
+                        to="loop.schedule",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-due_at'],
+                "ordering": ["-due_at"],
             },
         ),
         migrations.AddField(
-            model_name='task',
-            name='origin_run',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='tasks', to='loop.schedulerun'),
+            model_name="task",
+            name="origin_run",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="tasks",
+                to="loop.schedulerun",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='schedulerun',
-            constraint=models.UniqueConstraint(fields=('schedule', 'due_at'), name='schedule_run_slot'),
+            model_name="schedulerun",
+            constraint=models.UniqueConstraint(
+                fields=("schedule", "due_at"), name="schedule_run_slot"
+            ),
         ),
     ]

@@ -6,57 +6,133 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0009_conversation_schedules'),
+        ("loop", "0009_conversation_schedules"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='instructions',
+            model_name="step",
+            name="instructions",
             field=models.TextField(blank=True),
         ),
         migrations.AddField(
-            model_name='step',
-            name='judge',
-            field=models.CharField(default='tool', max_length=8),
+            model_name="step",
+            name="judge",
+            field=models.CharField(default="tool", max_length=8),
         ),
         migrations.AddField(
-            model_name='step',
-            name='tools',
+            model_name="step",
+            name="tools",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='task',
-            name='instructions',
+            model_name="task",
+            name="instructions",
             field=models.TextField(blank=True),
         ),
         migrations.AlterField(
-            model_name='event',
-            name='kind',
-            field=models.CharField(choices=[('task_created', 'Task Created'), ('task_state', 'Task State'), ('steps_added', 'Steps Added'), ('step_started', 'Step Started'), ('step_restarted', 'Step Restarted'), ('step_done', 'Step Done'), ('step_retry', 'Step Retry'), ('step_failed', 'Step Failed'), ('step_blocked', 'Step Blocked'), ('step_unblocked', 'Step Unblocked'), ('step_edited', 'Step Edited'), ('decision', 'Decision'), ('decision_refused', 'Decision Refused'), ('authorization_consumed', 'Authorization Consumed'), ('authorization_cleared', 'Authorization Cleared'), ('call_refused', 'Call Refused'), ('side_effect_auto_confirmed', 'Side Effect Auto Confirmed'), ('side_effect_resumed_unsent', 'Side Effect Resumed Unsent'), ('effect_state', 'Effect State'), ('receipt_hit', 'Receipt Hit'), ('probe', 'Probe'), ('late_result', 'Late Result'), ('lease_released', 'Lease Released'), ('worker_started', 'Worker Started'), ('worker_dead', 'Worker Dead'), ('worker_stopped', 'Worker Stopped'), ('worker_parked', 'Worker Parked'), ('write_failed', 'Write Failed'), ('message_posted', 'Message Posted'), ('schedule_created', 'Schedule Created'), ('schedule_edited', 'Schedule Edited'), ('schedule_fired', 'Schedule Fired'), ('schedule_failed', 'Schedule Failed'), ('model_retry', 'Model Retry'), ('model_call_refused', 'Model Call Refused'), ('transcript_entry', 'Transcript Entry')], max_length=40),
+            model_name="event",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("task_created", "Task Created"),
+                    ("task_state", "Task State"),
+                    ("steps_added", "Steps Added"),
+                    ("step_started", "Step Started"),
+                    ("step_restarted", "Step Restarted"),
+                    ("step_done", "Step Done"),
+                    ("step_retry", "Step Retry"),
+                    ("step_failed", "Step Failed"),
+                    ("step_blocked", "Step Blocked"),
+                    ("step_unblocked", "Step Unblocked"),
+                    ("step_edited", "Step Edited"),
+                    ("decision", "Decision"),
+                    ("decision_refused", "Decision Refused"),
+                    ("authorization_consumed", "Authorization Consumed"),
+                    ("authorization_cleared", "Authorization Cleared"),
+                    ("call_refused", "Call Refused"),
+                    ("side_effect_auto_confirmed", "Side Effect Auto Confirmed"),
+                    ("side_effect_resumed_unsent", "Side Effect Resumed Unsent"),
+                    ("effect_state", "Effect State"),
+                    ("receipt_hit", "Receipt Hit"),
+                    ("probe", "Probe"),
+                    ("late_result", "Late Result"),
+                    ("lease_released", "Lease Released"),
+                    ("worker_started", "Worker Started"),
+                    ("worker_dead", "Worker Dead"),
+                    ("worker_stopped", "Worker Stopped"),
+                    ("worker_parked", "Worker Parked"),
+                    ("write_failed", "Write Failed"),
+                    ("message_posted", "Message Posted"),
+                    ("schedule_created", "Schedule Created"),
+                    ("schedule_edited", "Schedule Edited"),
+                    ("schedule_fired", "Schedule Fired"),
+                    ("schedule_failed", "Schedule Failed"),
+                    ("model_retry", "Model Retry"),
+                    ("model_call_refused", "Model Call Refused"),
+                    ("transcript_entry", "Transcript Entry"),
+                ],
+                max_length=40,
+            ),
         ),
         migrations.CreateModel(
-            name='TranscriptEntry',
+            name="TranscriptEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveIntegerField()),
-                ('seq', models.PositiveIntegerField()),
-                ('role', models.CharField(choices=[('system', 'System'), ('user', 'User'), ('assistant', 'Assistant'), ('tool', 'Tool')], max_length=16)),
-                ('content', models.TextField(blank=True)),
-                ('tool_calls', models.JSONField(blank=True, default=list)),
-                ('tool_call_id', models.CharField(blank=True, max_length=200)),
-                ('effect_id', models.CharField(blank=True, max_length=64)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('step', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='transcript', to='loop.step')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='transcript', to='loop.task')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField()),
+                ("seq", models.PositiveIntegerField()),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("system", "System"),
+                            ("user", "User"),
+                            ("assistant", "Assistant"),
+                            ("tool", "Tool"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("content", models.TextField(blank=True)),
+                ("tool_calls", models.JSONField(blank=True, default=list)),
+                ("tool_call_id", models.CharField(blank=True, max_length=200)),
+                ("effect_id", models.CharField(blank=True, max_length=64)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "step",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="transcript",
+                        to="loop.step",
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="transcript",
+                        to="loop.task",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['step', 'seq'],
-                'constraints': [models.UniqueConstraint(fields=('step', 'seq'), name='transcript_step_seq'), models.UniqueConstraint(condition=models.Q(('role', 'tool')), fields=('step', 'tool_call_id'), name='transcript_one_result')],
+                "ordering": ["step", "seq"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("step", "seq"), name="transcript_step_seq"),
+                    models.UniqueConstraint(
+                        condition=models.Q(("role", "tool")),
+                        fields=("step", "tool_call_id"),
+                        name="transcript_one_result",
+                    ),
+                ],
             },
         ),
     ]

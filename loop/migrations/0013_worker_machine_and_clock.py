@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('loop', '0012_authority'),
+        ("loop", "0012_authority"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='worker',
-            name='boot_id',
+            model_name="worker",
+            name="boot_id",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='worker',
-            name='clock_offset',
+            model_name="worker",
+            name="clock_offset",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='worker',
-            name='pid_ns',
+            model_name="worker",
+            name="pid_ns",
             field=models.CharField(blank=True, max_length=64),
         ),
     ]

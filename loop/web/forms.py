@@ -112,5 +112,5 @@ class AddStepsForm(forms.Form):
 
 
 class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[(d, d) for d in DECISIONS])
-    note = forms.CharField(required=False, max_length=2000)
+    decision = forms.ChoiceField(choices=[(d, d) for d in (*DECISIONS, "reply")])
+    note = forms.CharField(required=False, max_length=2000, strip=False)

@@ -73,6 +73,8 @@ CONVERSATION_KINDS = frozenset(
         EventKind.SCHEDULE_EDITED,
         EventKind.SCHEDULE_FIRED,
         EventKind.SCHEDULE_FAILED,
+        EventKind.PLAN_APPROVED,  # a proposal's card in the conversation
+        EventKind.PLAN_DECLINED,
     }
 )
 
@@ -147,7 +149,7 @@ def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str
     the page (a replay); otherwise only the parts these events can have touched."""
     message: dict[str, Any] = {"events": [e.pk for e in events], "swaps": [], "rows": []}
     if topic.page == "conversation":
-        page = talk.page_context()
+        page = {**talk.page_context(), "can_act": topic.can_act}
         for part in ("messages", "schedules"):
             message["swaps"].append(_swap(part, f"loop/conversation.html#{part}", page))
         message["count"] = context.waiting_count()

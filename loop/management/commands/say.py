@@ -6,9 +6,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
-from loop import conversation
+from loop import conversation, turns
 from loop.management.base import LoopCommand
-from loop.models import AuthorKind
 from loop.permissions import SYSTEM
 
 
@@ -29,9 +28,7 @@ class Command(LoopCommand):
             raise CommandError(f"--as: no user '{options['user']}'")
         author = options["user"] or getpass.getuser()
         try:
-            message = conversation.post(
-                author=author, kind=AuthorKind.USER, text=options["text"], user=SYSTEM
-            )
+            message, _turn = turns.post(author=author, text=options["text"], user=SYSTEM)
         except conversation.MessageError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(message.pk))

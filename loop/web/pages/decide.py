@@ -12,15 +12,20 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from ... import actions, lease
+from ... import actions, lease, plans
 from ...models import Step, Task
+from .. import answers
 from ..forms import DecisionForm
 from .respond import actor, answer
 
 SAID = {
     "allow": "Allowed once: '{key}' runs on the next tick.",
     "allow_held": "Allowed once: '{key}' runs when {holder} takes it up, or its lease ends at {until}.",
-    "deny": "Denied: '{key}' failed; its task is paused.",
+    "deny": "Denied: '{key}' failed; its task is paused, waiting for a replacement.",
+    "deny_model": "Denied: Pippa is told your reason and goes on with '{key}'.",
+    "allow_edited": "Allowed once, as you edited it: '{key}' runs on the next tick.",
+    "reply": "Sent to Pippa: '{key}' still waits for your answer.",
+    "reply_model": "Sent to Pippa: '{key}' goes on with your words; she asks again if she must.",
     "happened": "Noted that it happened: '{key}' finishes from that receipt.",
     "rerun": "'{key}' will do it again.",
     "fail": "'{key}' failed.",
@@ -39,18 +44,28 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
             request, f"{field}: {' '.join(str(e) for e in errors)}", status=400, fallback=home
         )
     decision = form.cleaned_data["decision"]
+    note = form.cleaned_data["note"].strip()
     try:
+        edited = answers.edited_args(step, request.POST) if request.POST.get("edit") else None
         actions.unblock(
             step_id=step.pk,
             decision=decision,
             actor=actor(request),
             user=request.user,
-            note=form.cleaned_data["note"],
+            note=note,
+            args=edited,
         )
+    except (ValueError, plans.PlanError) as exc:  # a field's JSON, or the tool's check
+        return answer(request, str(exc), status=400, fallback=home)
     except PermissionDenied as exc:
         return answer(request, str(exc), status=403, fallback=home)
     except actions.Refused as exc:
         return answer(request, f"decision: {exc}", status=409, fallback=home)
+    model = step.judge == "model"
+    if edited is not None:
+        decision = "allow_edited"
+    elif decision in ("deny", "reply") and model:
+        decision += "_model"
     held = lease.holder(step.task) if decision == "allow" else None
     if held is not None and held.kind == "agent":
         said = SAID["allow_held"].format(

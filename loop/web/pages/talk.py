@@ -10,10 +10,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
 
-from ... import conversation
-from ...models import AuthorKind, Message, Schedule, ScheduleRun
+from ... import actions, conversation, plans, turns
+from ...models import Message, Origin, Schedule, ScheduleRun, Task
 from . import context
 from .respond import actor, answer, can_act
 
@@ -39,10 +40,47 @@ def schedule_rows() -> list[ScheduleRow]:
 def page_context() -> dict[str, Any]:
     """What the page and its live pushes render (`loop/web/live.py` calls this too)."""
     shown: list[Message] = conversation.history(limit=SHOWN)
+    cards(shown)
     return {
         "talk": shown,
         "latest_message": shown[-1].pk if shown else None,
         "schedules": schedule_rows(),
+    }
+
+
+def cards(shown: list[Message]) -> None:
+    """Each message's card, as attributes the page reads: a schedule's run links its task
+    (`run_task`), Pippa's proposal shows its plan and Dad's two buttons while it waits
+    (`card`, `proposed`). Two lookups for the page."""
+    runs = dict(
+        Task.objects.filter(origin_message_id__in=[m.pk for m in shown])
+        .exclude(origin=Origin.CONVERSATION)
+        .values_list("origin_message_id", "pk")
+    )
+    proposed = {
+        t.pk: t for t in Task.objects.filter(pk__in=[m.proposal_id for m in shown if m.proposal_id])
+    }
+    for m in shown:
+        task = proposed.get(m.proposal_id) if m.proposal_id else None
+        m.run_task = runs.get(m.pk)  # type: ignore[attr-defined]
+        m.proposed = task  # type: ignore[attr-defined]
+        m.card = context.proposal_of(task) if task is not None else None  # type: ignore[attr-defined]
+        m.schedule_card = schedule_card(m.proposed_schedule)  # type: ignore[attr-defined]
+
+
+def schedule_card(plan: Any) -> dict[str, Any] | None:
+    """A proposed schedule as its card shows it: title, cron, zone, and each step's title and
+    what does it (its tool, or Pippa)."""
+    if not isinstance(plan, dict):
+        return None
+    steps = [s for s in plan.get("steps") or [] if isinstance(s, dict)]
+    return {
+        "title": str(plan.get("title", "")),
+        "cron": str(plan.get("schedule", "")),
+        "zone": str(plan.get("timezone") or "the site's zone"),
+        "steps": [
+            (str(s.get("title") or s.get("key", "")), str(s.get("tool") or "Pippa")) for s in steps
+        ],
     }
 
 
@@ -53,12 +91,7 @@ def conversation_page(request: HttpRequest) -> HttpResponse:
     authorization) and shows the page again."""
     if request.method == "POST":
         try:
-            conversation.post(
-                author=actor(request),
-                kind=AuthorKind.USER,
-                text=request.POST.get("text", ""),
-                user=request.user,
-            )
+            turns.post(author=actor(request), text=request.POST.get("text", ""), user=request.user)
         except PermissionDenied as exc:
             return answer(request, str(exc), status=403, fallback="/conversation")
         except conversation.MessageError as exc:
@@ -77,3 +110,28 @@ def conversation_page(request: HttpRequest) -> HttpResponse:
             "topic": "conversation",
         },
     )
+
+
+@login_required
+@require_POST
+def answer_schedule(request: HttpRequest, message_id: int) -> HttpResponse:
+    """Dad's one click on a schedule Pippa proposed: `decision` approve (it is created as his)
+    or decline."""
+    page = reverse("loop:conversation")
+    decision = request.POST.get("decision")
+    if decision not in ("approve", "decline"):
+        return answer(request, "decision: approve or decline", status=400, fallback=page)
+    try:
+        if decision == "approve":
+            made = turns.approve_schedule(
+                message_id=message_id, actor=actor(request), user=request.user
+            )
+            said = f"Schedule '{made.name}' approved: it runs at its next due time."
+        else:
+            turns.decline_schedule(message_id=message_id, actor=actor(request), user=request.user)
+            said = "Schedule declined: nothing was made."
+    except PermissionDenied as exc:
+        return answer(request, str(exc), status=403, fallback=page)
+    except (actions.Refused, plans.PlanError) as exc:
+        return answer(request, f"schedule: {exc}", status=409, fallback=page)
+    return answer(request, said, fallback=page)
