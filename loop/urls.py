@@ -1,12 +1,13 @@
 from django.urls import path
 
 from .web import views
-from .web.pages import decide, home, talk, task
+from .web.pages import decide, home, talk, task, tasks
 
 app_name = "loop"
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("", home.home, name="home"),
+    path("tasks/", tasks.tasks_page, name="tasks"),
     path("tasks/new", home.new_task, name="new_task"),
     path("conversation", talk.conversation_page, name="conversation"),
     path("tasks/<int:task_id>", task.task_page, name="task"),

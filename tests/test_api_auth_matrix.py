@@ -140,6 +140,7 @@ class Endpoint:
 ENDPOINTS = [
     Endpoint("api_openapi", "GET", lambda w: ("/api/openapi.json", None), 200, None, public=True),
     Endpoint("api_tasks", "GET", lambda w: ("/api/tasks", None), 200, None),
+    Endpoint("api_task_counts", "GET", lambda w: ("/api/tasks/counts", None), 200, None),
     Endpoint("api_tasks", "POST", lambda w: ("/api/tasks", NEW_PLAN), 201, "create a task"),
     Endpoint("api_task", "GET", lambda w: (f"/api/tasks/{w.open_task.pk}", None), 200, None),
     Endpoint(
