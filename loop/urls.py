@@ -1,7 +1,7 @@
 from django.urls import path
 
 from .web import views
-from .web.pages import decide, home, talk, task, tasks
+from .web.pages import decide, home, recover, talk, task, tasks
 
 app_name = "loop"
 urlpatterns = [
@@ -18,5 +18,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/approve", decide.approve, name="approve"),
     path("tasks/<int:task_id>/decline", decide.decline, name="decline"),
     path("steps/<int:step_id>/decide", decide.decide, name="decide"),
+    path("steps/<int:step_id>/retry", recover.retry, name="retry"),
+    path("steps/<int:step_id>/skip", recover.skip, name="skip"),
     path("steps/<int:step_id>/transcript", task.step_transcript, name="transcript"),
 ]

@@ -260,6 +260,40 @@ def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse
     return JsonResponse(step_dict(step))
 
 
+@router.post(
+    "/steps/{int:step_id}/retry",
+    auth=COMMAND,
+    url_name="api_retry",
+    summary="Run a failed step again: a replacement with a fresh attempt cap, under its key "
+    "(a person's token only); the replacement",
+    response=s.answers(200, s.Step, 404, command=True),
+)
+@command()
+def retry(request: HttpRequest, step_id: int, body: s.Empty | None = None) -> HttpResponse:
+    return _recover(request, step_id, actions.retry_step)
+
+
+def _recover(request: HttpRequest, step_id: int, act: Any) -> HttpResponse:
+    call = caller(request)
+    get_step(step_id)
+    step = act(step_id=step_id, actor=call.agent.actor, user=call.who)
+    step.refresh_from_db()
+    return JsonResponse(step_dict(step))
+
+
+@router.post(
+    "/steps/{int:step_id}/skip",
+    auth=COMMAND,
+    url_name="api_skip",
+    summary="Skip a failed step: the task runs on without its output (the steps that use it "
+    "fail then)",
+    response=s.answers(200, s.Step, 404, command=True),
+)
+@command()
+def skip(request: HttpRequest, step_id: int, body: s.Empty | None = None) -> HttpResponse:
+    return _recover(request, step_id, actions.skip_step)
+
+
 @router.get(
     "/events",
     url_name="api_events",

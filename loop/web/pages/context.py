@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from ... import goals, health, lease, open_steps, plans, questions, transcript
+from ... import actions, goals, health, lease, open_steps, plans, questions, transcript
 from ...models import (
     ENDED_TASK_STATES,
     Effect,
@@ -62,6 +62,38 @@ class StepView:
     standing: str = ""
     # A model step's conversation, its latest entries (transcript_view.SHOWN); None otherwise.
     transcript: transcript_view.Transcript | None = None
+    # A failed step Dad may retry or skip: the steps that skipping it would break.
+    recovery: Recovery | None = None
+
+
+@dataclass
+class Recovery:
+    """A failed step of an open task, as "Needs you" shows it: Retry, or Skip naming the steps
+    still to run that use its output."""
+
+    step: Step
+    breaks: list[Step]
+
+    @property
+    def task(self) -> Task:
+        return self.step.task
+
+
+def recovery(step: Step) -> Recovery | None:
+    if step.state != StepState.FAILED or step.waived or step.task.ended:
+        return None
+    return Recovery(step, actions.breaks_if_skipped(step))
+
+
+def failed_steps() -> list[Recovery]:
+    """The failed steps of open tasks that no retry or skip has answered (index step_failed)."""
+    steps = Step.objects.filter(state=StepState.FAILED, waived=False).exclude(
+        task__state__in=ENDED_TASK_STATES
+    )
+    return [
+        Recovery(s, actions.breaks_if_skipped(s))
+        for s in steps.select_related("task").order_by("task_id", "position")
+    ]
 
 
 def last_event_id() -> int:
@@ -87,7 +119,10 @@ def seen_near(last: int) -> str:
 
 def waiting_count() -> int:
     """What waits for Dad: the questions, and the proposals waiting for his approval."""
-    return Step.objects.blocked().count() + _proposing().count()
+    failed = Step.objects.filter(state=StepState.FAILED, waived=False).exclude(
+        task__state__in=ENDED_TASK_STATES
+    )
+    return Step.objects.blocked().count() + _proposing().count() + failed.count()
 
 
 def _proposing() -> Any:
@@ -186,11 +221,13 @@ def recent() -> list[Task]:
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
     asked = needs_you()
     plans = plans_waiting()
+    failed = failed_steps()
     context: dict[str, Any] = {
         "can_act": can_act,
         "questions": asked,
         "plans": plans,
-        "waiting": len(asked) + len(plans),
+        "failed": failed,
+        "waiting": len(asked) + len(plans) + len(failed),
         "running": progress(),
         "recent": recent(),
     }
@@ -207,6 +244,7 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
         output=pretty(step.output),
         current=current,
         receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],
+        recovery=recovery(step),
     )
 
 
