@@ -1,7 +1,7 @@
 from django.urls import path
 
 from .web import views
-from .web.pages import decide, home, recover, schedules_page, talk, task, tasks
+from .web.pages import clock_page, decide, home, recover, schedules_page, talk, task, tasks
 
 app_name = "loop"
 urlpatterns = [
@@ -10,6 +10,7 @@ urlpatterns = [
     path("tasks/", tasks.tasks_page, name="tasks"),
     path("tasks/new", home.new_task, name="new_task"),
     path("conversation", talk.conversation_page, name="conversation"),
+    path("clock", clock_page.clock_page, name="clock"),
     path("schedules/", schedules_page.schedules_page, name="schedules"),
     path("schedules/<int:schedule_id>/switch", schedules_page.switch, name="schedule_switch"),
     path("schedules/<int:schedule_id>/edit", schedules_page.edit, name="schedule_edit"),
