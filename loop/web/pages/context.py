@@ -64,6 +64,21 @@ class StepView:
     transcript: transcript_view.Transcript | None = None
     # A failed step Dad may retry or skip: the steps that skipping it would break.
     recovery: Recovery | None = None
+    # A side-effect step still to run: its call as the question will show it.
+    preview: questions.Request | None = None
+
+    @property
+    def unfolded(self) -> bool:
+        """Shown open: the step running, asking, or failed and waiting for Dad."""
+        return (
+            self.current
+            or self.recovery is not None
+            or self.step.state
+            in (
+                StepState.RUNNING,
+                StepState.BLOCKED,
+            )
+        )
 
 
 @dataclass
@@ -245,7 +260,14 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
         current=current,
         receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],
         recovery=recovery(step),
+        preview=_preview(step),
     )
+
+
+def _preview(step: Step) -> questions.Request | None:
+    if step.state != StepState.PENDING or not step.side_effect or step.judge != "tool":
+        return None
+    return questions.of_step(step)
 
 
 @dataclass
@@ -390,9 +412,12 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     """What the task page's head shows: the task, who holds it now (worker or agent), and
     whether Pippa's plan of it waits for Dad's approval, and the tokens its model steps used
     (summed by the database)."""
+    done, total = open_steps.counts([task.pk]).get(task.pk, (0, 0))
+    failed = task.steps.filter(state=StepState.FAILED, waived=False).count()  # step_failed
     return {
         "can_act": can_act,
         "task": task,
+        "counts": {"done": done, "total": total, "failed": failed, "left": total - done - failed},
         "holder": lease.holder(task),
         "plan_waits": goals.waits_for_approval(task),
         "proposal": proposal_of(task),
