@@ -6,7 +6,6 @@ Read-only: nothing here writes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,7 @@ from ...models import (
     TaskState,
 )
 from ...tools.shown import pretty
-from .. import timeline
+from .. import journal_words, timeline
 from . import transcript_view
 
 JOURNAL_ROWS = 200
@@ -372,6 +371,14 @@ class JournalRow:
     step_key: str
     details: str
 
+    @property
+    def kind(self) -> str:
+        return journal_words.kind(self.event.kind)
+
+    @property
+    def who(self) -> str:
+        return journal_words.who(self.event.actor)
+
 
 def journal_rows(events: list[Event]) -> list[JournalRow]:
     keys = dict(
@@ -381,15 +388,9 @@ def journal_rows(events: list[Event]) -> list[JournalRow]:
     )
     rows = []
     for event in events:
-        data = {k: v for k, v in event.data.items() if v not in ("", None, [], {})}
-        details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
+        details = journal_words.details(event.kind, event.data)
         rows.append(JournalRow(event, keys.get(event.step_id or 0, ""), details))
     return rows
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def task_timeline(task: Task, window: Window | None = None) -> timeline.Timeline:
@@ -425,14 +426,30 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     }
 
 
-def task_page(task: Task, *, can_act: bool, start: int | None = None) -> dict[str, Any]:
-    events = list(Event.objects.filter(task=task).order_by("-id")[:JOURNAL_ROWS])
+def task_page(
+    task: Task,
+    *,
+    can_act: bool,
+    start: int | None = None,
+    journal_step: int | None = None,
+    journal_kind: str = "",
+) -> dict[str, Any]:
+    """`journal_step`, `journal_kind`: the journal shows only that step's events, or kind's."""
+    chosen = Event.objects.filter(task=task)
+    if journal_step is not None:
+        chosen = chosen.filter(step_id=journal_step)
+    if journal_kind:
+        chosen = chosen.filter(kind=journal_kind)
+    events = list(chosen.order_by("-id")[:JOURNAL_ROWS])
     window = step_window(task, start)
     return {
         **task_head(task, can_act=can_act),
         "window": window,
         "steps": step_views(task, window=window),
         "journal": journal_rows(events),
+        "journal_filter": {"step": journal_step, "kind": journal_kind},
+        "journal_kinds": sorted(journal_words.KINDS.items(), key=lambda kv: kv[1]),
+        "journal_steps": list(task.steps.order_by("position").values_list("pk", "key")[:500]),
         "timeline": task_timeline(task, window),
         "waiting": waiting_count(),
         # "Add steps after": the steps shown that nothing after has started yet may be chosen;
