@@ -18,7 +18,7 @@ from ..templatetags.clock import length
 
 WIDTH = 760  # viewBox units; the SVG scales to its box (never below its CSS min-width)
 LABEL = 150  # left column for step keys
-RIGHT = 110  # right margin for the last bar's duration
+RIGHT = 170  # right margin for the last bar's duration
 TICKS = 4  # the axis's intervals
 ROW = 24
 BAR = 14
