@@ -452,6 +452,102 @@ def _move(
         raise Refused(str(exc)) from None
 
 
+# ---- recovering from a failed step -------------------------------------------------------------
+
+
+def _failed_step(step_id: int) -> tuple[Task, Step]:
+    """The task (locked first) and its failed step, not yet waived or replaced; Refused
+    otherwise, or when the task has ended (its steps never run again)."""
+    task_id = Step.objects.values_list("task_id", flat=True).get(pk=step_id)
+    task = Task.objects.select_for_update().get(pk=task_id)
+    step = Step.objects.select_for_update().get(pk=step_id)
+    if step.state != StepState.FAILED or step.waived:
+        shown = "skipped or replaced" if step.waived else step.state
+        raise Refused(f"step '{step.key}' is {shown}, not failed")
+    if task.ended:
+        raise Refused(f"task {task.pk} is {task.state}: its steps never run again")
+    if goals.planning(task) or goals.waits_for_approval(task):
+        raise Refused(f"task {task.pk} waits for a plan: approve or decline it first")
+    return task, step
+
+
+def breaks_if_skipped(step: Step) -> list[Step]:
+    """The steps still to run whose arguments use the step's output: skipping it, they fail."""
+    later = Step.objects.filter(task_id=step.task_id, position__gt=step.position).exclude(
+        state__in=[StepState.DONE, StepState.FAILED]
+    )
+    return [s for s in later.order_by("position") if step.key in plans.references(s.args)]
+
+
+def _run_on(task: Task, *, actor: str, reason: str) -> None:
+    """A task paused by a failed step runs on once no failed step counts against it."""
+    if task.state == TaskState.PAUSED and not open_steps.has_unwaived_failure(task.pk):
+        _move(task, "resume", actor, reason=reason)
+    follow(task, actor=actor)
+
+
+def retry_step(*, step_id: int, actor: str, user: Who) -> Step:
+    """A failed step again: a replacement right after it, the same call written by the same
+    writer (so the guard asks exactly what it asked of the original; an answer given to the
+    original does not carry over) with a fresh attempt cap. The failed step keeps its
+    history under the key `KEY.failed-N`, and the replacement takes its key, so the steps
+    that use its output find it. Journaled `step_edited` (the renaming, waived) and
+    `steps_added` (the replacement, `retry_of`); the task runs on. Returns the replacement."""
+    require(user, "retry a step", actor=actor, step_id=step_id)
+    with transaction.atomic():
+        task, step = _failed_step(step_id)
+        taken = set(task.steps.values_list("key", flat=True))
+        n = 1
+        while f"{step.key[:88]}.failed-{n}" in taken:
+            n += 1
+        old_key = f"{step.key[:88]}.failed-{n}"
+        Step.objects.filter(pk=step.pk).update(key=old_key, waived=True)
+        journal.record(
+            EventKind.STEP_EDITED, step=step, actor=actor, waived=True, key=old_key, retried=True
+        )
+        _shift(task, step.position + 1, 1)
+        replacement = Step.objects.create(
+            task=task,
+            position=step.position + 1,
+            key=step.key,
+            title=step.title,
+            tool=step.tool,
+            args=step.args,
+            side_effect=step.side_effect,
+            confirm_before=step.confirm_before,
+            max_attempts=step.max_attempts,
+            judge=step.judge,
+            instructions=step.instructions,
+            tools=step.tools,
+            writer=step.writer,
+            written_by=step.written_by,
+        )
+        journal.record(
+            EventKind.STEPS_ADDED,
+            task=task,
+            actor=actor,
+            keys=[replacement.key],
+            at=replacement.position,
+            written_by={"kind": step.writer, "name": step.written_by},
+            proposed=False,
+            retry_of=step.pk,
+        )
+        _run_on(task, actor=actor, reason=f"step '{step.key}' retried")
+    return replacement
+
+
+def skip_step(*, step_id: int, actor: str, user: Who) -> Step:
+    """A failed step waived: the task runs on without its output (the steps that use it,
+    `breaks_if_skipped`, fail when they run). Journaled `step_edited` (waived, skipped)."""
+    require(user, "skip a step", actor=actor, step_id=step_id)
+    with transaction.atomic():
+        task, step = _failed_step(step_id)
+        Step.objects.filter(pk=step.pk).update(waived=True)
+        journal.record(EventKind.STEP_EDITED, step=step, actor=actor, waived=True, skipped=True)
+        _run_on(task, actor=actor, reason=f"step '{step.key}' skipped")
+    return step
+
+
 # ---- answers to questions ----------------------------------------------------------------------
 
 

@@ -179,3 +179,51 @@ def _last_not_after(expr: str, zone_name: str, now: datetime, floor: datetime) -
         if slot <= now:
             return max(slot, floor)
     return floor
+
+
+SHORT_DAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
+DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def in_words(expr: str, zone_name: str) -> str:
+    """The schedule as a person says it: "every day at 07:00, Europe/Berlin"; the cron fields
+    themselves when they say something rarer."""
+    return f"{_words(expr)}, {zone_name}"
+
+
+def _words(expr: str) -> str:
+    text = expr.strip()
+    fields = WORDS.get(text, text).split()
+    if len(fields) != 5:
+        return f"cron {text}"
+    minute, hour, day, month, weekday = fields
+    plain = minute.isdigit() and hour.isdigit()
+    at = f"{int(hour):02d}:{int(minute):02d}" if plain else ""
+    if (day, month) == ("*", "*"):
+        if (minute, hour, weekday) == ("*", "*", "*"):
+            return "every minute"
+        if minute.startswith("*/") and (hour, weekday) == ("*", "*") and minute[2:].isdigit():
+            return f"every {int(minute[2:])} minutes"
+        if minute.isdigit() and (hour, weekday) == ("*", "*"):
+            return "every hour" + (f" at {int(minute)} past" if int(minute) else ", on the hour")
+        if plain and weekday == "*":
+            return f"every day at {at}"
+        if plain and weekday == "1-5":
+            return f"every weekday at {at}"
+        named = SHORT_DAYS.index(weekday.upper()) if weekday.upper() in SHORT_DAYS else None
+        if weekday.isdigit() and int(weekday) < len(DAYS):
+            named = int(weekday)
+        if plain and named is not None:
+            return f"every {DAYS[named]} at {at}"
+    if plain and day.isdigit() and (month, weekday) == ("*", "*"):
+        return f"on day {int(day)} of every month at {at}"
+    return f"cron {text}"
+
+
+def next_runs(expr: str, zone_name: str, after: datetime, count: int = 3) -> list[datetime]:
+    """The next `count` due times after `after` (UTC)."""
+    found: list[datetime] = []
+    for _ in range(count):
+        after = next_after(expr, zone_name, after)
+        found.append(after)
+    return found

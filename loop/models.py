@@ -575,6 +575,18 @@ class HealthCheck(models.Model):
         return f"health check {self.pk}"
 
 
+class Clock(models.Model):
+    """A person's own clock: the time zone every page shows times in (else TIME_ZONE)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="clock"
+    )
+    time_zone = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.time_zone}"
+
+
 # The conversation and schedules live in their own module; they are `loop` models all the same.
 # The notifier's rows (DESIGN.md §17) live in its own package.
 from .notify.models import NotifyCursor, PushSubscription, QuestionNotice  # noqa: E402, F401

@@ -45,6 +45,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "approve a plan": (STEER,),  # a plan or revision by Pippa or an agent (LOOP_CONFIRM_PLANS)
     "add steps": (STEER,),
     "edit steps": (STEER,),
+    "retry a step": (STEER,),  # a failed step again, with a fresh attempt cap
+    "skip a step": (STEER,),  # a failed step waived: the task runs on without it
     "supersede": (STEER, CREATE),  # it creates the successor
     "drive a step": (DRIVE,),
     "give a task": (STEER,),  # let an agent drive it
@@ -60,7 +62,15 @@ NEEDS: dict[str, tuple[str, ...]] = {
 # Acts that are a person's answer, whatever permissions an agent's user holds: only a person
 # (or a token made to answer for one) gives them.
 PERSON_ONLY = frozenset(
-    {"answer questions", "approve a plan", "give a task", "create a schedule", "edit a schedule"}
+    {
+        "answer questions",
+        "approve a plan",
+        "give a task",
+        "create a schedule",
+        "edit a schedule",
+        # More attempts at a call, side effects included: a person's to give.
+        "retry a step",
+    }
 )
 # What Pippa may ask for, in her own task: a proposal, never an answer.
 PIPPA_MAY = frozenset({"add steps", "write in the conversation", "propose a task"})

@@ -144,33 +144,51 @@ def fire(*, schedule_id: int, actor: str, now: datetime) -> ScheduleRun | None:
         except IntegrityError:
             log.warning("%s: slot %s had already fired", schedule, due_at.isoformat())
             return None
-        data = {**_named(schedule), "run": run.pk, "due_at": due_at.isoformat(), "missed": missed}
-        try:
-            spec = plans.validate(schedule.plan)
-        except plans.PlanError as exc:
-            error = "the plan template no longer validates: " + "; ".join(exc.errors)
-            ScheduleRun.objects.filter(pk=run.pk).update(error=error)
-            Schedule.objects.filter(pk=schedule.pk).update(last_error=error)
-            journal.record(EventKind.SCHEDULE_FAILED, actor=actor, error=error, **data)
-            log.error("%s: run due %s failed: %s", schedule, due_at.isoformat(), error)
-            run.error = error
-            return run
-        author = f"schedule:{schedule.name}"
-        run.message = conversation.post(
-            author=author,
-            kind=AuthorKind.SCHEDULE,
-            text=f"[SCHEDULED TASK] {schedule.name}",
-            user=SYSTEM,
-        )
-        ScheduleRun.objects.filter(pk=run.pk).update(message=run.message)
-        task = actions.create_task(
-            plan=spec, actor=author, user=SYSTEM, origin=Origin.SCHEDULE, run=run
-        )
-        if schedule.last_error:
-            Schedule.objects.filter(pk=schedule.pk).update(last_error="")
-        journal.record(
-            EventKind.SCHEDULE_FIRED, task=task, actor=actor, message=run.message.pk, **data
-        )
+        return _start(schedule, run, actor=actor)
+
+
+def run_now(*, schedule_id: int, actor: str, user: Who) -> ScheduleRun:
+    """Dad's "Run now": one run of the schedule at this moment, off or on, its next due time
+    unchanged; its task as any run's (the schedule's template, its standing authorization).
+    Needs what editing a schedule needs."""
+    require(user, "edit a schedule", actor=actor)
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().get(pk=schedule_id)
+        now = timezone.now()
+        if ScheduleRun.objects.filter(schedule=schedule, due_at=now).exists():
+            raise actions.Refused("schedule: it was started at this very moment already")
+        run = ScheduleRun.objects.create(schedule=schedule, due_at=now, missed=0, fired_by=actor)
+        return _start(schedule, run, actor=actor)
+
+
+def _start(schedule: Schedule, run: ScheduleRun, *, actor: str) -> ScheduleRun:
+    """The run's message and task, in the caller's transaction (or its failure, journaled)."""
+    due_at, missed = run.due_at, run.missed
+    data = {**_named(schedule), "run": run.pk, "due_at": due_at.isoformat(), "missed": missed}
+    try:
+        spec = plans.validate(schedule.plan)
+    except plans.PlanError as exc:
+        error = "the plan template no longer validates: " + "; ".join(exc.errors)
+        ScheduleRun.objects.filter(pk=run.pk).update(error=error)
+        Schedule.objects.filter(pk=schedule.pk).update(last_error=error)
+        journal.record(EventKind.SCHEDULE_FAILED, actor=actor, error=error, **data)
+        log.error("%s: run due %s failed: %s", schedule, due_at.isoformat(), error)
+        run.error = error
+        return run
+    author = f"schedule:{schedule.name}"
+    run.message = conversation.post(
+        author=author,
+        kind=AuthorKind.SCHEDULE,
+        text=f"[SCHEDULED TASK] {schedule.name}",
+        user=SYSTEM,
+    )
+    ScheduleRun.objects.filter(pk=run.pk).update(message=run.message)
+    task = actions.create_task(
+        plan=spec, actor=author, user=SYSTEM, origin=Origin.SCHEDULE, run=run
+    )
+    if schedule.last_error:
+        Schedule.objects.filter(pk=schedule.pk).update(last_error="")
+    journal.record(EventKind.SCHEDULE_FIRED, task=task, actor=actor, message=run.message.pk, **data)
     return run
 
 

@@ -110,6 +110,7 @@ MIDDLEWARE = [
     "pippa_site.form_limits.FormLimits",  # before the CSRF check reads the form
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "loop.web.zones.ActiveZone",  # times in the person's own zone (else TIME_ZONE)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",

@@ -44,6 +44,7 @@ class World:
     proposed: Task  # from a goal; its plan waits for approval (LOOP_CONFIRM_PLANS)
     asking: Step  # blocked on "May I do this?"
     held: Step  # running, its task leased by `next` to the holder
+    failed: Step  # failed (denied), its task paused with a step still to run
     lease_token: str
     file_root: Path
 
@@ -79,6 +80,16 @@ def build_world(holder: Client, driver: str, file_root: Path) -> World:
     given(asked, "dad-agent")
     assert post(dad, f"/api/tasks/{asked.pk}/next", {}).json()["step"] is None
     given(asked, driver)
+    failing = make_task(
+        step("fix", "file.write", args={"path": "f.txt", "content": "x"}, confirm_before=True),
+        step("then"),
+        title="failing",
+    )
+    given(failing, "dad-agent")
+    assert post(dad, f"/api/tasks/{failing.pk}/next", {}).json()["step"] is None
+    failed = failing.steps.get(key="fix")
+    actions.unblock(step_id=failed.pk, decision="deny", actor="test", user=SYSTEM)
+    given(failing, driver)
     held_task = make_task(
         step("write", "file.write", args={"path": "w.txt", "content": "x"}, side_effect=True),
         title="held",
@@ -92,6 +103,7 @@ def build_world(holder: Client, driver: str, file_root: Path) -> World:
         proposed=given(proposed(dad), driver),
         asking=asked.steps.get(),
         held=held_task.steps.get(),
+        failed=failed,
         lease_token=taken.json()["lease_token"],
         file_root=file_root,
     )
@@ -140,6 +152,7 @@ class Endpoint:
 ENDPOINTS = [
     Endpoint("api_openapi", "GET", lambda w: ("/api/openapi.json", None), 200, None, public=True),
     Endpoint("api_tasks", "GET", lambda w: ("/api/tasks", None), 200, None),
+    Endpoint("api_task_counts", "GET", lambda w: ("/api/tasks/counts", None), 200, None),
     Endpoint("api_tasks", "POST", lambda w: ("/api/tasks", NEW_PLAN), 201, "create a task"),
     Endpoint("api_task", "GET", lambda w: (f"/api/tasks/{w.open_task.pk}", None), 200, None),
     Endpoint(
@@ -219,6 +232,16 @@ ENDPOINTS = [
         "answer questions",
     ),
     Endpoint(
+        "api_retry",
+        "POST",
+        lambda w: (f"/api/steps/{w.failed.pk}/retry", {}),
+        200,
+        "retry a step",
+    ),
+    Endpoint(
+        "api_skip", "POST", lambda w: (f"/api/steps/{w.failed.pk}/skip", {}), 200, "skip a step"
+    ),
+    Endpoint(
         "api_effects",
         "POST",
         lambda w: (
@@ -267,6 +290,7 @@ COLUMNS = (
 # The endpoints that act on one task (an agent acts only on the tasks it drives).
 ON_A_TASK = {
     "api_add_steps",
+    "api_skip",
     "api_pause",
     "api_resume",
     "api_supersede",

@@ -218,7 +218,7 @@ def test_the_task_page_shows_a_window_of_a_big_task_around_its_current_step(
     assert 0 < len(cards) <= STEP_WINDOW
     current = Step.objects.get(task=half_done, key="s1990")
     assert (" current", str(current.pk)) in cards
-    assert "of 2000 · 1990 done" in html
+    assert "1990 of 2000 steps done" in html
     assert 'rel="prev"' in html and 'rel="next"' not in html  # s1980-s1999: the end
     assert statements <= small_statements + 2, (statements, small_statements)
 

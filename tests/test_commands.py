@@ -136,9 +136,9 @@ def test_tasks_json_lists_id_title_and_state() -> None:
     first = make_task(step("a"), title="first")
     second = make_task(step("b"), title="second")
     listed = json.loads(succeeds("tasks", "--json"))
-    assert listed == [
-        {"id": first.pk, "title": "first", "state": "running"},
+    assert listed == [  # newest first
         {"id": second.pk, "title": "second", "state": "running"},
+        {"id": first.pk, "title": "first", "state": "running"},
     ]
     assert json.loads(succeeds("tasks", "--json")) == listed
     text = succeeds("tasks")

@@ -282,8 +282,11 @@ def test_a_plan_with_a_schedule_on_the_new_task_page_makes_a_schedule(db: None, 
     client.force_login(dad)
     plan = {"title": "numbers", "schedule": "0 8 * * MON", "steps": [step("a")]}
     response = client.post("/tasks/new", {"plan": json.dumps(plan)})
-    assert response.status_code == 302 and response["Location"] == "/conversation"
-    assert Schedule.objects.get().name == "numbers" and not Task.objects.exists()
+    made = Schedule.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/schedules/#schedule-{made.pk}"
+    assert made.name == "numbers" and not Task.objects.exists()
+    shown = client.get(response["Location"]).content.decode()
+    assert "Schedule &#x27;numbers&#x27; made: it runs every Monday at 08:00, UTC." in shown
     again = client.post("/tasks/new", {"plan": json.dumps(plan)})
     assert again.status_code == 400 and Schedule.objects.count() == 1
 

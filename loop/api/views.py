@@ -12,8 +12,8 @@ from ninja import Schema as Params
 from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
-from .. import actions, numbers, plans
-from ..models import Event, Origin, Task
+from .. import actions, numbers, plans, task_search
+from ..models import Event, Origin, TaskState
 from ..serialize import step_dict, task_dict, task_summary
 from . import schemas as s
 from .core import MAX_ID, ApiError, Bearer, Call, command, get_step, get_task
@@ -44,14 +44,46 @@ class After(Params):
     )
 
 
+class TaskFilters(Params):
+    q: str = Field("", description="words in a task's title, its steps' titles or outputs")
+    state: str = Field("", description="a task state: " + ", ".join(TaskState.values))
+    origin: str = Field("", description="where it came from: " + ", ".join(task_search.ORIGINS))
+    schedule: str = Field("", description="a schedule's id: its runs' tasks")
+    since: str = Field("", description="created on or after this day, YYYY-MM-DD")
+    until: str = Field("", description="created on or before this day, YYYY-MM-DD")
+    page: str = Field("", description=f"the page, {task_search.PAGE_SIZE} tasks each")
+
+
+def _found(request: HttpRequest) -> task_search.Found:
+    try:
+        return task_search.search(task_search.parse(request.GET))
+    except task_search.FilterError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
 @router.get(
     "/tasks",
     url_name="api_tasks",
-    summary="Every task, oldest first",
-    response=s.answers(200, list[s.TaskSummary]),
+    summary="Tasks, newest first, filtered and paginated (headers X-Total-Count and "
+    "X-Page-Count); a bad filter is a 400 naming it",
+    response=s.answers(200, list[s.TaskSummary], 400),
 )
-def list_tasks(request: HttpRequest) -> HttpResponse:
-    return JsonResponse([task_summary(t) for t in Task.objects.order_by("id")], safe=False)
+def list_tasks(request: HttpRequest, filters: Query[TaskFilters]) -> HttpResponse:
+    found = _found(request)
+    response = JsonResponse([task_summary(t) for t in found.tasks], safe=False)
+    response["X-Total-Count"] = str(found.total)
+    response["X-Page-Count"] = str(found.pages)
+    return response
+
+
+@router.get(
+    "/tasks/counts",
+    url_name="api_task_counts",
+    summary="How many tasks are in each state, under the same filters as GET /api/tasks",
+    response=s.answers(200, dict[str, int], 400),
+)
+def count_tasks(request: HttpRequest, filters: Query[TaskFilters]) -> HttpResponse:
+    return JsonResponse(_found(request).counts)
 
 
 @router.get(
@@ -228,6 +260,40 @@ def unblock(request: HttpRequest, step_id: int, body: s.Unblock) -> HttpResponse
     )
     step.refresh_from_db()
     return JsonResponse(step_dict(step))
+
+
+@router.post(
+    "/steps/{int:step_id}/retry",
+    auth=COMMAND,
+    url_name="api_retry",
+    summary="Run a failed step again: a replacement with a fresh attempt cap, under its key "
+    "(a person's token only); the replacement",
+    response=s.answers(200, s.Step, 404, command=True),
+)
+@command()
+def retry(request: HttpRequest, step_id: int, body: s.Empty | None = None) -> HttpResponse:
+    return _recover(request, step_id, actions.retry_step)
+
+
+def _recover(request: HttpRequest, step_id: int, act: Any) -> HttpResponse:
+    call = caller(request)
+    get_step(step_id)
+    step = act(step_id=step_id, actor=call.agent.actor, user=call.who)
+    step.refresh_from_db()
+    return JsonResponse(step_dict(step))
+
+
+@router.post(
+    "/steps/{int:step_id}/skip",
+    auth=COMMAND,
+    url_name="api_skip",
+    summary="Skip a failed step: the task runs on without its output (the steps that use it "
+    "fail then)",
+    response=s.answers(200, s.Step, 404, command=True),
+)
+@command()
+def skip(request: HttpRequest, step_id: int, body: s.Empty | None = None) -> HttpResponse:
+    return _recover(request, step_id, actions.skip_step)
 
 
 @router.get(

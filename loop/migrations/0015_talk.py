@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('loop', '0013_worker_machine_and_clock'),
+        ('loop', '0014_notify'),
     ]
 
     operations = [

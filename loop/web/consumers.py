@@ -11,7 +11,7 @@ the page shows "live updates paused" and tries again, backing off."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -20,7 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from .. import numbers, permissions
 from ..models import Task
-from . import live
+from . import live, zones
 from .pages import context
 
 BAD_REQUEST = 4400
@@ -43,6 +43,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         try:
             asked = Asked.read(self.scope.get("query_string", b""))
             topic = live.Topic.parse(asked.topic, can_act=can_act)
+            if topic is not None:  # each person's pushes show his own clock
+                topic = replace(topic, zone=await database_sync_to_async(zones.of)(user))
         except numbers.NotANumber:
             await self.refuse(BAD_REQUEST)
             return

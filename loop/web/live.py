@@ -33,11 +33,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from .. import journal, numbers, open_steps
 from ..models import Event, EventKind, Task
@@ -107,6 +109,7 @@ class Topic:
 
     page: str
     can_act: bool
+    zone: str = ""  # the viewer's own time zone ("" for the site's): times render in it
 
     @classmethod
     def parse(cls, page: str, *, can_act: bool) -> Topic | None:
@@ -125,7 +128,8 @@ class Topic:
 
     @property
     def group(self) -> str:
-        return f"live.{PROCESS}.{self.page}.{'act' if self.can_act else 'read'}"
+        zone = "".join(c if c.isalnum() or c in "-_" else "." for c in self.zone)
+        return f"live.{PROCESS}.{self.page}.{'act' if self.can_act else 'read'}.{zone}"
 
     def wants(self, event: Event) -> bool:
         if self.page == "conversation":
@@ -146,7 +150,13 @@ def banner_swap() -> dict[str, str]:
 
 def render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str, Any]:
     """The message for `events` (already filtered for `topic`). `full` renders every part of
-    the page (a replay); otherwise only the parts these events can have touched."""
+    the page (a replay); otherwise only the parts these events can have touched. Times in the
+    topic's zone."""
+    with timezone.override(ZoneInfo(topic.zone) if topic.zone else None):
+        return _render(topic, events, full=full)
+
+
+def _render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[str, Any]:
     message: dict[str, Any] = {"events": [e.pk for e in events], "swaps": [], "rows": []}
     if topic.page == "conversation":
         page = {**talk.page_context(), "can_act": topic.can_act}

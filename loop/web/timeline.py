@@ -11,10 +11,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..models import EventKind
+from django.utils import timezone
 
-WIDTH = 760  # viewBox units; the SVG scales to its box
+from ..models import EventKind
+from ..templatetags.clock import length
+
+WIDTH = 760  # viewBox units; the SVG scales to its box (never below its CSS min-width)
 LABEL = 150  # left column for step keys
+RIGHT = 170  # right margin for the last bar's duration
+TICKS = 4  # the axis's intervals
 ROW = 24
 BAR = 14
 TOP = 8
@@ -71,6 +76,8 @@ class Row:
     text_y: str = ""
     lane_y: str = ""
     bar_y: str = ""
+    said: str = ""  # how long it ran, and waited for Dad: "1.2 s · waited 48 s for you"
+    said_x: str = ""
 
 
 @dataclass
@@ -83,10 +90,16 @@ class Timeline:
     label: str = str(LABEL)
     bar: str = str(BAR)
     end_x: str = str(WIDTH - 4)
+    ticks: list[tuple[str, str]] = field(default_factory=list)  # (x, "+1.2 s")
+    length: str = ""
 
     @property
     def axis_y(self) -> str:
         return str(self.height - 6)
+
+    @property
+    def grid_y(self) -> str:
+        return str(self.height - AXIS + 4)
 
     @property
     def empty(self) -> bool:
@@ -133,7 +146,7 @@ def build(steps: Sequence[tuple[int, str]], marks: Iterable[Mark], now: datetime
     start = min(s.start for s in spans)
     end = max([now] if open_attempt or waiting else [s.end or s.start for s in spans])
     total = max((end - start).total_seconds(), 0.001)
-    scale = (WIDTH - LABEL - 10) / total
+    scale = (WIDTH - LABEL - RIGHT) / total
     # Everything the SVG needs is computed here: template filters in a loop of hundreds of
     # rows are what makes a large task's timeline slow to render.
     for index, row in enumerate(rows.values()):
@@ -145,5 +158,34 @@ def build(steps: Sequence[tuple[int, str]], marks: Iterable[Mark], now: datetime
             span.x = f"{LABEL + (span.start - start).total_seconds() * scale:.1f}"
             span.width = f"{max((finish - span.start).total_seconds() * scale, 3):.1f}"
             nth = f" attempt {span.attempt}" if span.attempt else ""
-            span.label = f"{row.key}{nth}: {span.outcome} at {span.start:%H:%M:%S}"
-    return Timeline(list(rows.values()), TOP + len(rows) * ROW + AXIS, start, end)
+            took = length((finish - span.start).total_seconds())
+            at = f"{timezone.localtime(span.start):%H:%M:%S}"
+            span.label = f"{row.key}{nth}: {span.outcome} at {at}, {took}"
+        row.said = _said(row.spans, now)
+        if row.spans:
+            last = max(s.end or now for s in row.spans)
+            row.said_x = f"{LABEL + (last - start).total_seconds() * scale + 4:.1f}"
+    ticks = [
+        (f"{LABEL + n * (WIDTH - LABEL - RIGHT) / TICKS:.1f}", f"+{length(total * n / TICKS)}")
+        for n in range(TICKS + 1)
+    ]
+    ticks[0] = (ticks[0][0], f"{timezone.localtime(start):%H:%M:%S}")
+    return Timeline(
+        list(rows.values()),
+        TOP + len(rows) * ROW + AXIS,
+        start,
+        end,
+        ticks=ticks,
+        length=length(total),
+    )
+
+
+def _said(spans: list[Span], now: datetime) -> str:
+    ran = sum(((s.end or now) - s.start).total_seconds() for s in spans if s.outcome != "waiting")
+    waited = sum(
+        ((s.end or now) - s.start).total_seconds() for s in spans if s.outcome == "waiting"
+    )
+    parts = [length(ran)] if any(s.outcome != "waiting" for s in spans) else []
+    if waited:
+        parts.append(f"waited {length(waited)} for you")
+    return " · ".join(parts)

@@ -6,7 +6,6 @@ Read-only: nothing here writes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +13,7 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from ... import goals, health, lease, open_steps, plans, questions, transcript
+from ... import actions, goals, health, lease, open_steps, plans, questions, transcript
 from ...models import (
     ENDED_TASK_STATES,
     Effect,
@@ -26,7 +25,7 @@ from ...models import (
     TaskState,
 )
 from ...tools.shown import pretty
-from .. import timeline
+from .. import journal_words, timeline
 from . import transcript_view
 
 JOURNAL_ROWS = 200
@@ -62,6 +61,53 @@ class StepView:
     standing: str = ""
     # A model step's conversation, its latest entries (transcript_view.SHOWN); None otherwise.
     transcript: transcript_view.Transcript | None = None
+    # A failed step Dad may retry or skip: the steps that skipping it would break.
+    recovery: Recovery | None = None
+    # A side-effect step still to run: its call as the question will show it.
+    preview: questions.Request | None = None
+
+    @property
+    def unfolded(self) -> bool:
+        """Shown open: the step running, asking, or failed and waiting for Dad."""
+        return (
+            self.current
+            or self.recovery is not None
+            or self.step.state
+            in (
+                StepState.RUNNING,
+                StepState.BLOCKED,
+            )
+        )
+
+
+@dataclass
+class Recovery:
+    """A failed step of an open task, as "Needs you" shows it: Retry, or Skip naming the steps
+    still to run that use its output."""
+
+    step: Step
+    breaks: list[Step]
+
+    @property
+    def task(self) -> Task:
+        return self.step.task
+
+
+def recovery(step: Step) -> Recovery | None:
+    if step.state != StepState.FAILED or step.waived or step.task.ended:
+        return None
+    return Recovery(step, actions.breaks_if_skipped(step))
+
+
+def failed_steps() -> list[Recovery]:
+    """The failed steps of open tasks that no retry or skip has answered (index step_failed)."""
+    steps = Step.objects.filter(state=StepState.FAILED, waived=False).exclude(
+        task__state__in=ENDED_TASK_STATES
+    )
+    return [
+        Recovery(s, actions.breaks_if_skipped(s))
+        for s in steps.select_related("task").order_by("task_id", "position")
+    ]
 
 
 def last_event_id() -> int:
@@ -87,7 +133,10 @@ def seen_near(last: int) -> str:
 
 def waiting_count() -> int:
     """What waits for Dad: the questions, and the proposals waiting for his approval."""
-    return Step.objects.blocked().count() + _proposing().count()
+    failed = Step.objects.filter(state=StepState.FAILED, waived=False).exclude(
+        task__state__in=ENDED_TASK_STATES
+    )
+    return Step.objects.blocked().count() + _proposing().count() + failed.count()
 
 
 def _proposing() -> Any:
@@ -186,11 +235,13 @@ def recent() -> list[Task]:
 def home(*, can_act: bool, with_banner: bool = True) -> dict[str, Any]:
     asked = needs_you()
     plans = plans_waiting()
+    failed = failed_steps()
     context: dict[str, Any] = {
         "can_act": can_act,
         "questions": asked,
         "plans": plans,
-        "waiting": len(asked) + len(plans),
+        "failed": failed,
+        "waiting": len(asked) + len(plans) + len(failed),
         "running": progress(),
         "recent": recent(),
     }
@@ -207,7 +258,15 @@ def step_view(step: Step, effects: list[Effect], *, current: bool = False) -> St
         output=pretty(step.output),
         current=current,
         receipts=[(e, pretty(e.response), questions.of_effect(e)) for e in effects],
+        recovery=recovery(step),
+        preview=_preview(step),
     )
+
+
+def _preview(step: Step) -> questions.Request | None:
+    if step.state != StepState.PENDING or not step.side_effect or step.judge != "tool":
+        return None
+    return questions.of_step(step)
 
 
 @dataclass
@@ -312,6 +371,14 @@ class JournalRow:
     step_key: str
     details: str
 
+    @property
+    def kind(self) -> str:
+        return journal_words.kind(self.event.kind)
+
+    @property
+    def who(self) -> str:
+        return journal_words.who(self.event.actor)
+
 
 def journal_rows(events: list[Event]) -> list[JournalRow]:
     keys = dict(
@@ -321,15 +388,9 @@ def journal_rows(events: list[Event]) -> list[JournalRow]:
     )
     rows = []
     for event in events:
-        data = {k: v for k, v in event.data.items() if v not in ("", None, [], {})}
-        details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
+        details = journal_words.details(event.kind, event.data)
         rows.append(JournalRow(event, keys.get(event.step_id or 0, ""), details))
     return rows
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def task_timeline(task: Task, window: Window | None = None) -> timeline.Timeline:
@@ -352,9 +413,12 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     """What the task page's head shows: the task, who holds it now (worker or agent), and
     whether Pippa's plan of it waits for Dad's approval, and the tokens its model steps used
     (summed by the database)."""
+    done, total = open_steps.counts([task.pk]).get(task.pk, (0, 0))
+    failed = task.steps.filter(state=StepState.FAILED, waived=False).count()  # step_failed
     return {
         "can_act": can_act,
         "task": task,
+        "counts": {"done": done, "total": total, "failed": failed, "left": total - done - failed},
         "holder": lease.holder(task, shown=True),
         "plan_waits": goals.waits_for_approval(task),
         "proposal": proposal_of(task),
@@ -362,14 +426,30 @@ def task_head(task: Task, *, can_act: bool) -> dict[str, Any]:
     }
 
 
-def task_page(task: Task, *, can_act: bool, start: int | None = None) -> dict[str, Any]:
-    events = list(Event.objects.filter(task=task).order_by("-id")[:JOURNAL_ROWS])
+def task_page(
+    task: Task,
+    *,
+    can_act: bool,
+    start: int | None = None,
+    journal_step: int | None = None,
+    journal_kind: str = "",
+) -> dict[str, Any]:
+    """`journal_step`, `journal_kind`: the journal shows only that step's events, or kind's."""
+    chosen = Event.objects.filter(task=task)
+    if journal_step is not None:
+        chosen = chosen.filter(step_id=journal_step)
+    if journal_kind:
+        chosen = chosen.filter(kind=journal_kind)
+    events = list(chosen.order_by("-id")[:JOURNAL_ROWS])
     window = step_window(task, start)
     return {
         **task_head(task, can_act=can_act),
         "window": window,
         "steps": step_views(task, window=window),
         "journal": journal_rows(events),
+        "journal_filter": {"step": journal_step, "kind": journal_kind},
+        "journal_kinds": sorted(journal_words.KINDS.items(), key=lambda kv: kv[1]),
+        "journal_steps": list(task.steps.order_by("position").values_list("pk", "key")[:500]),
         "timeline": task_timeline(task, window),
         "waiting": waiting_count(),
         # "Add steps after": the steps shown that nothing after has started yet may be chosen;

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from ... import actions, lease, plans
 from ...models import Step, Task
 from .. import answers
+from ...templatetags import clock
 from ..forms import DecisionForm
 from .respond import actor, answer
 
@@ -69,7 +70,7 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
     held = lease.holder(step.task) if decision == "allow" else None
     if held is not None and held.kind == "agent":
         said = SAID["allow_held"].format(
-            key=step.key, holder=held, until=held.until.strftime("%H:%M:%S UTC")
+            key=step.key, holder=held, until=clock.absolute(held.until)
         )
     else:
         said = SAID[decision].format(key=step.key)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from ... import actions, plans, schedules
+from ... import actions, cron, plans, schedules
 from ...models import Origin
 from ..forms import NewTaskForm
 from . import context
@@ -55,8 +57,10 @@ def new_task(request: HttpRequest) -> HttpResponse:
             spec = form.cleaned_data["spec"]
             try:
                 if spec.schedule is not None:
-                    schedules.create(spec=spec, actor=actor(request), user=request.user)
-                    return redirect("loop:conversation")
+                    made = schedules.create(spec=spec, actor=actor(request), user=request.user)
+                    words = cron.in_words(made.cron, made.timezone)
+                    messages.success(request, f"Schedule '{made.name}' made: it runs {words}.")
+                    return redirect(reverse("loop:schedules") + f"#schedule-{made.pk}")
                 task = actions.create_task(
                     plan=spec, actor=actor(request), user=request.user, origin=Origin.DASHBOARD
                 )

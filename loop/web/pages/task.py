@@ -10,12 +10,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ... import actions, numbers, plans
-from ...models import Origin, Step, Task
+from ...models import EventKind, Origin, Step, Task
 from ..forms import AddStepsForm, PlanForm
 from . import context, transcript_view
 from .respond import actor, answer, can_act
 
 MAX_POSITION = 2**31 - 1  # a step's position is a 32-bit integer column
+MAX_ID = 2**63 - 1
 
 
 def _page(
@@ -26,9 +27,17 @@ def _page(
     supersede_form: PlanForm | None = None,
     status: int = 200,
     start: int | None = None,
+    journal_step: int | None = None,
+    journal_kind: str = "",
 ) -> HttpResponse:
     last = context.last_event_id()
-    page = context.task_page(task, can_act=can_act(request), start=start)
+    page = context.task_page(
+        task,
+        can_act=can_act(request),
+        start=start,
+        journal_step=journal_step,
+        journal_kind=journal_kind,
+    )
     return render(
         request,
         "loop/task.html",
@@ -55,7 +64,16 @@ def task_page(request: HttpRequest, task_id: int) -> HttpResponse:
         position = None if start is None else numbers.whole(start, "from", low=0, high=MAX_POSITION)
     except numbers.NotANumber as exc:
         return HttpResponseBadRequest(f"{exc} (a step position)", content_type="text/plain")
-    return _page(request, task, start=position)
+    step, kind = request.GET.get("step") or "", request.GET.get("kind") or ""
+    if kind and kind not in EventKind.values:
+        return HttpResponseBadRequest(
+            f"kind: no kind of event '{kind[:40]}'", content_type="text/plain"
+        )
+    try:
+        step_id = numbers.whole(step, "step", low=1, high=MAX_ID) if step else None
+    except numbers.NotANumber as exc:
+        return HttpResponseBadRequest(f"{exc} (a step's id)", content_type="text/plain")
+    return _page(request, task, start=position, journal_step=step_id, journal_kind=kind)
 
 
 @login_required
