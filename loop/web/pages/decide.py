@@ -14,8 +14,8 @@ from django.views.decorators.http import require_POST
 
 from ... import actions, lease, plans
 from ...models import Step, Task
-from .. import answers
 from ...templatetags import clock
+from .. import answers
 from ..forms import DecisionForm
 from .respond import actor, answer
 
