@@ -1,0 +1,71 @@
+"""A real MCP server written with the SDK's `MCPServer`, for the tests and the bench.
+
+    python tests/support/mcp_server.py stdio
+    python tests/support/mcp_server.py http PORT
+
+Tools: `lookup` (read-only, says so), `send` (a side effect: each call is one line in the log
+file MCP_LOG, written when the call arrives (before any sleep), with the request's idempotency key; it sleeps
+MCP_SLOW seconds first when its text says "slow"), `put` (a side effect the server calls
+idempotent), `fail` (answers isError). Pure SDK: no Django.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+server = MCPServer("pippa-test")
+LOG = os.environ.get("MCP_LOG", "")
+
+
+def _log(tool: str, args: dict[str, object], ctx: Context) -> None:
+    meta = ctx.request_context.meta or {}
+    key = meta.get("io.pippa/idempotency-key")
+    if LOG:
+        with open(LOG, "a") as out:
+            out.write(json.dumps({"tool": tool, "args": args, "key": key}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+def send(to: str, text: str, ctx: Context) -> str:
+    """Send a message to someone."""
+    _log("send", {"to": to, "text": text}, ctx)
+    if "slow" in text:
+        time.sleep(float(os.environ.get("MCP_SLOW", "30")))
+    return f"sent to {to}"
+
+
+@server.tool(annotations=ToolAnnotations(idempotentHint=True))
+def put(name: str, value: int, ctx: Context) -> str:
+    """Set a named value (the same call twice is the same as once)."""
+    _log("put", {"name": name, "value": value}, ctx)
+    if name.startswith("slow"):
+        time.sleep(float(os.environ.get("MCP_SLOW", "30")))
+    return f"{name}={value}"
+
+
+@server.tool()
+def fail(why: str) -> str:
+    """Always refuses."""
+    raise ToolError(why)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")
