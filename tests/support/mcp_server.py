@@ -4,8 +4,8 @@
     python tests/support/mcp_server.py http PORT
 
 Tools: `lookup` (read-only, says so), `send` (a side effect: each call is one line in the log
-file MCP_LOG, written when the call arrives (before any sleep), with the request's idempotency key; it sleeps
-MCP_SLOW seconds first when its text says "slow"), `put` (a side effect the server calls
+file MCP_LOG, written when the call arrives (before any sleep), with the request's idempotency key; it then sleeps
+MCP_SLOW seconds, once, when its text says "slow"), `put` (a side effect the server calls
 idempotent), `fail` (answers isError). Pure SDK: no Django.
 """
 
@@ -22,6 +22,14 @@ from mcp_types import ToolAnnotations
 
 server = MCPServer("pippa-test")
 LOG = os.environ.get("MCP_LOG", "")
+_slept: set[str] = set()
+
+
+def _slow(why: str) -> None:
+    """Sleep MCP_SLOW seconds, once for each `why` (a call sent again answers at once)."""
+    if why not in _slept:
+        _slept.add(why)
+        time.sleep(float(os.environ.get("MCP_SLOW", "30")))
 
 
 def _log(tool: str, args: dict[str, object], ctx: Context) -> None:
@@ -45,7 +53,7 @@ def send(to: str, text: str, ctx: Context) -> str:
     """Send a message to someone."""
     _log("send", {"to": to, "text": text}, ctx)
     if "slow" in text:
-        time.sleep(float(os.environ.get("MCP_SLOW", "30")))
+        _slow(text)
     return f"sent to {to}"
 
 
@@ -54,7 +62,7 @@ def put(name: str, value: int, ctx: Context) -> str:
     """Set a named value (the same call twice is the same as once)."""
     _log("put", {"name": name, "value": value}, ctx)
     if name.startswith("slow"):
-        time.sleep(float(os.environ.get("MCP_SLOW", "30")))
+        _slow(name)
     return f"{name}={value}"
 
 
