@@ -42,13 +42,13 @@ def _log(tool: str, args: dict[str, object], ctx: Context) -> None:
             os.fsync(out.fileno())
 
 
-@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def lookup(city: str) -> str:
     """The weather in a city."""
     return f"sunny in {city}"
 
 
-@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
 def send(to: str, text: str, ctx: Context) -> str:
     """Send a message to someone."""
     _log("send", {"to": to, "text": text}, ctx)
@@ -57,7 +57,7 @@ def send(to: str, text: str, ctx: Context) -> str:
     return f"sent to {to}"
 
 
-@server.tool(annotations=ToolAnnotations(idempotentHint=True))
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True))
 def put(name: str, value: int, ctx: Context) -> str:
     """Set a named value (the same call twice is the same as once)."""
     _log("put", {"name": name, "value": value}, ctx)
