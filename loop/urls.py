@@ -1,7 +1,7 @@
 from django.urls import path
 
 from .web import views
-from .web.pages import decide, home, talk, task
+from .web.pages import decide, home, talk, task, tools_page
 
 app_name = "loop"
 urlpatterns = [
@@ -18,4 +18,6 @@ urlpatterns = [
     path("tasks/<int:task_id>/decline", decide.decline, name="decline"),
     path("steps/<int:step_id>/decide", decide.decide, name="decide"),
     path("steps/<int:step_id>/transcript", task.step_transcript, name="transcript"),
+    path("tools", tools_page.tools_page, name="tools"),
+    path("tools/<str:name>/test", tools_page.test_connection, name="test_connection"),
 ]

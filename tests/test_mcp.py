@@ -87,6 +87,8 @@ def servers(tmp_path: Path, settings: Any) -> Iterator[Callable[..., Path]]:
     """`servers(**specs)` writes a LOOP_MCP_SERVERS file and points the loop at it; the tools
     it registered are forgotten, and the sessions closed, after the test."""
 
+    catalog._cache_path().unlink(missing_ok=True)  # no listing left by another test
+
     def configure(**specs: dict[str, Any]) -> Path:
         path = tmp_path / "mcp.json"
         path.write_text(json.dumps({"servers": specs}))
@@ -97,6 +99,7 @@ def servers(tmp_path: Path, settings: Any) -> Iterator[Callable[..., Path]]:
 
     yield configure
     POOL.close()
+    catalog._cache_path().unlink(missing_ok=True)
     catalog._tried.clear()
     for name in tools.names():
         if name.startswith("mcp."):
@@ -127,7 +130,8 @@ def stdio(log: Path, **fields: Any) -> dict[str, Any]:
         ('{"servers": {"a": {"command": ["x"], "colour": 1}}}', "servers.a.colour: unknown"),
         ('{"servers": {"a b": {"command": ["x"]}}}', "servers.a b: a server's name"),
         ("servers:\n  a:\n    url: http://h/mcp\n    headers: {X: 1}", "servers.a.headers"),
-        ("[1, 2", "'servers' must be an object"),
+        ("[1, 2", "neither JSON nor YAML"),
+        ("[1, 2]", "'servers' must be an object"),
     ],
 )
 def test_the_servers_file_is_refused_naming_the_field(text: str, named: str) -> None:
@@ -319,3 +323,34 @@ def actions_question(step: Step) -> str:
     found = questions.question(step, Effect.objects.filter(step=step))
     assert found is not None
     return json.dumps([r.__dict__ for r in found.requests], default=str)
+
+
+# ---- the tools page ---------------------------------------------------------------------------
+
+
+def test_the_tools_page_shows_claims_beside_dads_decision_and_tests_a_connection(
+    dad: Any, guest: Any, servers: Callable[..., Path], tmp_path: Path
+) -> None:
+    from django.test import Client
+
+    servers(w=stdio(tmp_path / "calls.log", read_only=["lookup"], safe_to_repeat=["put"]))
+    assert Client().get("/tools").status_code == 302  # login first
+    visitor = Client()
+    visitor.force_login(guest)
+    assert "Test connection" not in visitor.get("/tools").content.decode()
+    assert visitor.post("/tools/w/test").status_code == 403
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(dad)
+    page = browser.get("/tools").content.decode()
+    assert "Test connection" in page
+    assert browser.post("/tools/w/test").status_code == 403  # no CSRF token
+    token = browser.cookies["csrftoken"].value
+    tested = browser.post("/tools/w/test", {"csrfmiddlewaretoken": token}, follow=True)
+    shown = tested.content.decode()
+    assert "w: connected; 4 tools" in shown
+    lookup = shown.split('id="tool-w-lookup"')[1].split("</tr>")[0]
+    assert "readOnlyHint: yes" in lookup and "read-only" in lookup and "Dad&#x27;s list" in lookup
+    send = shown.split('id="tool-w-send"')[1].split("</tr>")[0]
+    assert "readOnlyHint: no" in send and "side effect: not marked otherwise" in send
+    put = shown.split('id="tool-w-put"')[1].split("</tr>")[0]
+    assert "idempotentHint: yes" in put and "safe to repeat" in put

@@ -88,6 +88,11 @@ def _cache_path() -> Path:
     return Path(settings.DATA_DIR) / "mcp-tools.json"
 
 
+def listings() -> dict[str, list[dict[str, Any]]]:
+    """Each server's last listing of its tools (as the SDK read them), by server name."""
+    return _cached()
+
+
 def _cached() -> dict[str, list[dict[str, Any]]]:
     try:
         data = json.loads(_cache_path().read_text())
