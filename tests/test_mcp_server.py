@@ -95,3 +95,52 @@ def test_an_sdk_client_drives_a_task_through_manage_py_mcp_server(
 
 
 pytestmark = pytest.mark.slow
+
+
+def test_the_http_endpoint_takes_agent_tokens_and_answers_as_the_api(
+    transactional_db: None, dad: User, processes: list[Any], tmp_path: Any
+) -> None:
+    import socket
+    import subprocess
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from .conftest import wait_for
+
+    _, token = issue(name="desk", user=dad)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    processes.append(
+        subprocess.Popen(
+            [str(ROOT / ".venv/bin/daphne"), "-b", "127.0.0.1", "-p", str(port)]
+            + ["pippa_site.asgi:application"],
+            cwd=ROOT,
+            env=process_env(),
+            stdout=open(tmp_path / "daphne.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, timeout=30)
+    refused = httpx2.post(url, json={}, headers={"Authorization": "Bearer wrong"})
+    assert refused.status_code == 401 and "Authorization" in refused.json()["detail"]
+    assert httpx2.post(url, json={}).status_code == 401
+
+    async def drive() -> Any:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with create_mcp_http_client(headers=headers) as client:
+            async with streamable_http_client(url, http_client=client) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    plan = {"title": "over http", "steps": [step("a")], "key": "h1"}
+                    task = answer(await session.call_tool("create_task", plan))
+                    listed = answer(await session.call_tool("list_tasks"))
+                    return task, listed
+
+    task, listed = anyio.run(drive)
+    assert task["title"] == "over http"
+    assert f'"id": {task["id"]}' in json.dumps(listed)
+    assert Receipt.objects.filter(command_id="h1", agent__name="desk").count() == 1

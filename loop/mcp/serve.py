@@ -23,7 +23,7 @@ import anyio
 from django.conf import settings
 from django.db import close_old_connections
 from django.test import Client
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
@@ -68,8 +68,15 @@ def api(method: str, path: str, body: Any = None, *, key: str | None, bearer: st
         close_old_connections()
 
 
-async def _call(method: str, path: str, body: Any = None, key: str | None = None) -> Any:
+async def _call(
+    ctx: Context, method: str, path: str, body: Any = None, key: str | None = None
+) -> Any:
+    """The API's answer to the agent this call is for: the process's token (stdio), else the
+    HTTP request's own Authorization (checked already by `endpoint`, and by the API again)."""
     bearer = token.get()
+    if not bearer:
+        scheme, _, given = ((ctx.headers or {}).get("authorization") or "").partition(" ")
+        bearer = given.strip() if scheme.lower() == "bearer" else ""
     if not bearer:
         raise ToolError("401: no agent token (PIPPA_AGENT_TOKEN, or Authorization: Bearer)")
     return await anyio.to_thread.run_sync(partial(api, method, path, body, key=key, bearer=bearer))
@@ -80,6 +87,7 @@ def build() -> MCPServer:
 
     @server.tool(annotations=WRITE)
     async def create_task(
+        ctx: Context,
         title: str | None = None,
         steps: list[dict[str, Any]] | None = None,
         goal: str | None = None,
@@ -92,25 +100,26 @@ def build() -> MCPServer:
             body["title"] = title
         if steps is not None:
             body["steps"] = steps
-        return await _call("POST", "/api/tasks", body, key)
+        return await _call(ctx, "POST", "/api/tasks", body, key)
 
     @server.tool(annotations=READ)
-    async def list_tasks() -> Any:
+    async def list_tasks(ctx: Context) -> Any:
         """The tasks this agent may see, newest first."""
-        return await _call("GET", "/api/tasks")
+        return await _call(ctx, "GET", "/api/tasks")
 
     @server.tool(annotations=READ)
-    async def show_task(task_id: int) -> Any:
+    async def show_task(ctx: Context, task_id: int) -> Any:
         """One task with its steps, their states, outputs and questions."""
-        return await _call("GET", f"/api/tasks/{task_id}")
+        return await _call(ctx, "GET", f"/api/tasks/{task_id}")
 
     @server.tool(annotations=WRITE)
-    async def next_step(task_id: int, key: str | None = None) -> Any:
+    async def next_step(ctx: Context, task_id: int, key: str | None = None) -> Any:
         """Take the next step of a task given to this agent: the step and a lease token."""
-        return await _call("POST", f"/api/tasks/{task_id}/next", {}, key)
+        return await _call(ctx, "POST", f"/api/tasks/{task_id}/next", {}, key)
 
     @server.tool(annotations=WRITE)
     async def commit_step(
+        ctx: Context,
         step_id: int,
         lease_token: str,
         verdict: str,
@@ -126,16 +135,16 @@ def build() -> MCPServer:
         body.update({"error": error, "release": release})
         if delay is not None:
             body["delay"] = delay
-        return await _call("POST", f"/api/steps/{step_id}/commit", body, key)
+        return await _call(ctx, "POST", f"/api/steps/{step_id}/commit", body, key)
 
     @server.tool(annotations=READ)
-    async def read_conversation() -> Any:
+    async def read_conversation(ctx: Context) -> Any:
         """The conversation with Pippa."""
-        return await _call("GET", "/api/messages")
+        return await _call(ctx, "GET", "/api/messages")
 
     @server.tool(annotations=WRITE)
-    async def post_message(text: str, key: str | None = None) -> Any:
+    async def post_message(ctx: Context, text: str, key: str | None = None) -> Any:
         """Say something in the conversation with Pippa."""
-        return await _call("POST", "/api/messages", {"text": text}, key)
+        return await _call(ctx, "POST", "/api/messages", {"text": text}, key)
 
     return server
