@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from loop import actions, plans, tools
+from loop.judges import prompt
 from loop.mcp import catalog, config
 from loop.mcp.sessions import POOL
 from loop.models import Effect, Event, Step, Task
@@ -189,6 +190,9 @@ def test_tools_reach_plans_with_their_schemas_and_run_in_tool_steps(
     refused = refusals(step("a", "mcp.w.send", args={"to": "x", "text": "y"}, side_effect=False))
     assert "side_effect" in refused
     assert tools.get("mcp.w.lookup").description == "The weather in a city."
+    briefing = "\n".join(prompt.plan_tools())  # what a planning step is told
+    assert "- mcp.w.lookup: read-only; args: city (string) (The weather in a city.)" in briefing
+    assert "- mcp.w.send: side effect; args: to (string), text (string)" in briefing
     task = make_task(
         step("weather", "mcp.w.lookup", args={"city": "Oslo"}),
         step("tell", "mcp.w.send", args={"to": "dad", "text": "${weather.text}"}, side_effect=True),
@@ -234,6 +238,26 @@ def test_a_model_step_lists_a_servers_tools_and_calls_a_read_only_one(
     lookup = next(t for t in offered if t["function"]["name"] == "mcp_w_lookup")
     assert lookup["function"]["parameters"]["properties"]["city"]["type"] == "string"
     assert "The weather in a city." in lookup["function"]["description"]
+
+
+def test_may_i_shows_an_mcp_call_in_full_like_any_call(
+    worker: Worker, servers: Callable[..., Path], tmp_path: Path
+) -> None:
+    log = tmp_path / "calls.log"
+    servers(w=stdio(log))
+    body = "line\n" * 60  # long: the page folds it, the question keeps it whole
+    task = make_task(
+        step("tell", "mcp.w.send", args={"to": "dad", "text": body}, confirm_before=True)
+    )
+    run_until_idle(worker)
+    tell = Step.objects.get(task=task)
+    assert tell.question_kind == "may_i" and not calls_logged(log)
+    shown = actions_question(tell)
+    assert "mcp.w.send" in shown and "MCP server: w (" in shown and "tool: send" in shown
+    assert "to: dad" in shown and f"text: {body}" in shown  # every argument, whole
+    actions.unblock(step_id=tell.pk, decision="allow", actor="dad", user=SYSTEM)
+    run_until_idle(worker)
+    assert Step.objects.get(task=task).state == "done" and len(calls_logged(log)) == 1
 
 
 # ---- over HTTP: a server down, a worker killed mid-call ------------------------------------------
@@ -322,7 +346,11 @@ def actions_question(step: Step) -> str:
 
     found = questions.question(step, Effect.objects.filter(step=step))
     assert found is not None
-    return json.dumps([r.__dict__ for r in found.requests], default=str)
+    return "\n".join(
+        line
+        for r in found.requests
+        for line in [r.tool, *(f"{f.label}: {f.text}" for f in r.fields)]
+    )
 
 
 # ---- the tools page ---------------------------------------------------------------------------
