@@ -174,6 +174,7 @@ class Worker:
             self._beat_stop.set()
             beat.join(timeout=5)
             self._stopped()
+            catalog.close_sessions()  # the MCP servers it started end with it
         return failed
 
     def fire_schedules(self) -> bool:

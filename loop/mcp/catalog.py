@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,19 @@ def discover(server: config.Server) -> list[types.Tool]:
 
 
 def _register_all(server: config.Server, listing: list[dict[str, Any]]) -> None:
+    """Register the listed tools, each replacing its older self, then forget the server's tools
+    it no longer lists (never a moment with a listed tool missing)."""
     prefix = f"{PREFIX}{server.name}."
-    for name in tools.names():
-        if name.startswith(prefix):
-            tools.unregister(name)
+    listed = set()
     for spec in listing:
         if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-            tools.register(_tool(server, spec))
+            made = _tool(server, spec)
+            tools.unregister(made.name)
+            tools.register(made)
+            listed.add(made.name)
+    for name in tools.names():
+        if name.startswith(prefix) and name not in listed:
+            tools.unregister(name)
 
 
 def load() -> None:
@@ -154,18 +161,29 @@ def discover_all() -> dict[str, str]:
     return errors
 
 
-_tried: set[str] = set()
+def close_sessions() -> None:
+    """Close every MCP session this process holds (the worker's stop)."""
+    POOL.close()
+
+
+_tried: dict[str, float] = {}  # server name -> when a name under it last made us list it
+RETRY_LISTING_SECONDS = 30.0
 
 
 def _find(name: str) -> None:
-    """A name under `mcp.<server>.` the registry does not know: list that server once."""
+    """A name under `mcp.<server>.` the registry does not know: list that server (at most once
+    every RETRY_LISTING_SECONDS)."""
     if not name.startswith(PREFIX) or not settings.LOOP_MCP_SERVERS:
         return
     server_name = name[len(PREFIX) :].split(".", 1)[0]
     server = servers().get(server_name)
-    if server is None or server_name in _tried:
+    now = time.monotonic()
+    if (
+        server is None
+        or now - _tried.get(server_name, -RETRY_LISTING_SECONDS) < RETRY_LISTING_SECONDS
+    ):
         return
-    _tried.add(server_name)
+    _tried[server_name] = now
     try:
         discover(server)
     except (NotSent, TimeoutError) as exc:
