@@ -54,6 +54,7 @@ class _Connection:
         self.session: ClientSession | None = None
         self.stop: asyncio.Event | None = None
         self.task: asyncio.Task[None] | None = None
+        self.opening = asyncio.Lock()
 
     @property
     def open(self) -> bool:
@@ -92,19 +93,20 @@ class Pool:
             if conn is not None:
                 await self._drop(conn)
             conn = self._connections[server.name] = _Connection(server)
-        if conn.open:
-            assert conn.session is not None
-            return conn.session
-        ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-        conn.stop = asyncio.Event()
-        conn.task = asyncio.create_task(_hold(conn, ready))
-        try:
-            return await asyncio.wait_for(ready, timeout=server.timeout)
-        except Exception as exc:
-            await self._drop(conn)
-            raise NotSent(
-                f"can't open a session with MCP server '{server.name}': {_why(exc)}"
-            ) from None
+        async with conn.opening:  # calls at once (a worker's batch) open one session
+            if conn.open:
+                assert conn.session is not None
+                return conn.session
+            ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+            conn.stop = asyncio.Event()
+            conn.task = asyncio.create_task(_hold(conn, ready))
+            try:
+                return await asyncio.wait_for(ready, timeout=server.timeout)
+            except Exception as exc:
+                await self._drop(conn)
+                raise NotSent(
+                    f"can't open a session with MCP server '{server.name}': {_why(exc)}"
+                ) from None
 
     async def _drop(self, conn: _Connection) -> None:
         conn.session = None
