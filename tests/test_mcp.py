@@ -264,15 +264,27 @@ def test_may_i_shows_an_mcp_call_in_full_like_any_call(
 
 
 def test_a_server_down_is_the_steps_retry_and_the_session_comes_back(
-    worker: Worker, servers: Callable[..., Path], tmp_path: Path, settings: Any
+    worker: Worker,
+    servers: Callable[..., Path],
+    tmp_path: Path,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.LOOP_RETRY_BASE_SECONDS = 0
     http = HttpServer(tmp_path / "calls.log").start()
     try:
-        servers(h={"url": http.url, "read_only": ["lookup"], "timeout": 10})
-        first = make_task(step("a", "mcp.h.lookup", args={"city": "Oslo"}))
+        monkeypatch.setenv("PIPPA_SECRET_MCP_KEY", "s3cret-value")
+        headers = {"X-Key": "${secret:MCP_KEY}"}  # from the secrets store
+        servers(h={"url": http.url, "read_only": ["lookup"], "headers": headers, "timeout": 10})
+        first = make_task(
+            step("a", "mcp.h.lookup", args={"city": "Oslo"}),
+            step("k", "mcp.h.echo_header", args={"name": "X-Key"}),
+        )
         run_until_idle(worker)
-        assert Step.objects.get(task=first).state == "done"
+        assert Step.objects.get(task=first, key="a").state == "done"
+        # the server was sent the value; what it echoed is stored as the secret's name
+        assert calls_logged(http.log)[-1]["args"]["value"] == "s3cret-value"
+        assert Step.objects.get(task=first, key="k").output["text"] == "[secret MCP_KEY]"
         http.stop()  # killed mid-session: the worker's open session is dead
         down = make_task(
             step("b", "mcp.h.lookup", args={"city": "Rome"}),
@@ -375,7 +387,7 @@ def test_the_tools_page_shows_claims_beside_dads_decision_and_tests_a_connection
     token = browser.cookies["csrftoken"].value
     tested = browser.post("/tools/w/test", {"csrfmiddlewaretoken": token}, follow=True)
     shown = tested.content.decode()
-    assert "w: connected; 4 tools" in shown
+    assert "w: connected; 5 tools" in shown
     lookup = shown.split('id="tool-w-lookup"')[1].split("</tr>")[0]
     assert "readOnlyHint: yes" in lookup and "read-only" in lookup and "Dad&#x27;s list" in lookup
     send = shown.split('id="tool-w-send"')[1].split("</tr>")[0]

@@ -31,7 +31,7 @@ from django.conf import settings
 
 from .. import tools
 from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
-from ..tools import shown
+from ..tools import shown, vault
 from . import config
 from .sessions import POOL, Lost, NotSent, Refused
 
@@ -232,6 +232,12 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
         return fields
 
     def run_read(values: dict[str, Any]) -> dict[str, Any]:
+        return vault.guarded(lambda: _read(values), _config_secrets(server))
+
+    def run_effect(values: dict[str, Any], effect_id: str) -> dict[str, Any]:
+        return vault.guarded(lambda: _effect(values, effect_id), _config_secrets(server))
+
+    def _read(values: dict[str, Any]) -> dict[str, Any]:
         try:
             result = POOL.call(server, name, values)
         except (NotSent, Lost, TimeoutError) as exc:
@@ -242,7 +248,7 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
             raise tools.ToolError(f"{full} answered with an error: {_text(result)[:2000]}")
         return output(result)
 
-    def run_effect(values: dict[str, Any], effect_id: str) -> dict[str, Any]:
+    def _effect(values: dict[str, Any], effect_id: str) -> dict[str, Any]:
         try:
             result = POOL.call(server, name, values, key=effect_id)
         except NotSent as exc:
@@ -267,6 +273,15 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
         description=str(spec.get("description") or "")[:2000],
         input_schema=schema,
     )
+
+
+def _config_secrets(server: config.Server) -> dict[str, str]:
+    """The secrets the server's env and headers name: kept out of what a call returns or
+    raises (a server that echoes its Authorization header leaves no key in an output)."""
+    try:
+        return vault.resolve({**server.env, **server.headers})[1]
+    except vault.SecretError:
+        return {}
 
 
 def output(result: types.CallToolResult) -> dict[str, Any]:

@@ -6,7 +6,8 @@
 Tools: `lookup` (read-only, says so), `send` (a side effect: each call is one line in the log
 file MCP_LOG, written when the call arrives (before any sleep), with the request's idempotency key; it then sleeps
 MCP_SLOW seconds, once, when its text says "slow"), `put` (a side effect the server calls
-idempotent), `fail` (answers isError). Pure SDK: no Django.
+idempotent), `echo_header` (answers with a header it was sent), `fail` (answers
+isError). Pure SDK: no Django.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def put(name: str, value: int, ctx: Context) -> str:
     if name.startswith("slow"):
         _slow(name)
     return f"{name}={value}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def echo_header(name: str, ctx: Context) -> str:
+    """The value of a request header this server was sent (over HTTP), or '' (it echoes it)."""
+    value = (ctx.headers or {}).get(name.lower(), "")
+    _log("echo_header", {"name": name, "value": value}, ctx)
+    return value
 
 
 @server.tool()
