@@ -34,7 +34,7 @@ from .conftest import (
     step,
     wait_for,
 )
-from .support.llm_server import call, commit, tool_results
+from .support.llm_server import briefings, call, commit, tool_results
 
 SERVER = str(ROOT / "tests" / "support" / "mcp_server.py")
 
@@ -218,20 +218,41 @@ def test_tools_reach_plans_with_their_schemas_and_run_in_tool_steps(
 def test_a_model_step_lists_a_servers_tools_and_calls_a_read_only_one(
     llm: Any, worker: Worker, servers: Callable[..., Path], tmp_path: Path
 ) -> None:
-    servers(w=stdio(tmp_path / "calls.log", read_only=["lookup"]))
+    log = tmp_path / "calls.log"
+    servers(w=stdio(log, read_only=["lookup"]))
 
     def script(body: dict[str, Any], n: int) -> Any:
         results = tool_results(body["messages"])
+        now = [b for b in briefings(body["messages"]) if "Your step now: " in b][-1]
+        telling = "Your step now: tell" in now
+        if telling and not any("sent to" in r for r in results):
+            return call("mcp_w_send", to="dad", text="sunny in Bergen")
+        if telling:
+            return commit(output="told")
         if not results:
             return call("mcp_w_lookup", city="Bergen")
         return commit(output={"weather": json.loads(results[-1])["text"]})
 
     model = llm(script)
     task = make_task(
-        {"key": "ask", "judge": "model", "instructions": "Weather?", "tools": ["mcp.w.*"]}
+        {"key": "ask", "judge": "model", "instructions": "Weather?", "tools": ["mcp.w.*"]},
+        {
+            "key": "tell",
+            "judge": "model",
+            "instructions": "Tell Dad.",
+            "tools": ["mcp.w.send"],
+            "side_effect": True,
+        },
     )
     run_until_idle(worker)
-    assert Step.objects.get(task=task).output == {"weather": "sunny in Bergen"}
+    ask, tell = Step.objects.filter(task=task).order_by("position")
+    assert ask.output == {"weather": "sunny in Bergen"}
+    # a side-effect call of a model step goes through the outbox like a tool step's
+    effect = Effect.objects.get(step=tell)
+    assert (effect.state, effect.tool) == ("succeeded", "mcp.w.send")
+    assert calls_logged(log) == [
+        {"tool": "send", "args": {"to": "dad", "text": "sunny in Bergen"}, "key": effect.pk}
+    ]
     offered = model.requests[0]["tools"]
     names = [t["function"]["name"] for t in offered]
     assert "mcp_w_lookup" in names and "mcp_w_send" not in names  # a read-only step
