@@ -23,17 +23,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import mcp_types as types
 from django.conf import settings
 
 from .. import tools
 from ..outcomes import EffectNotSent, EffectRejected, EffectUncertainError
 from ..tools import shown, vault
 from . import config
-from .sessions import POOL, Lost, NotSent, Refused
+from .outcomes import Lost, NotSent, Refused
+
+if TYPE_CHECKING:
+    import mcp_types as types
+
+    from .sessions import Pool
 
 log = logging.getLogger("loop.mcp")
 PREFIX = "mcp."
@@ -115,7 +118,7 @@ def _keep(name: str, listing: list[dict[str, Any]]) -> None:
 
 def discover(server: config.Server) -> list[types.Tool]:
     """List the server's tools now and register them (NotSent if it can't be reached)."""
-    listed = POOL.list_tools(server)
+    listed = _pool().list_tools(server)
     dumped = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed]
     _keep(server.name, dumped)
     _register_all(server, dumped)
@@ -161,9 +164,19 @@ def discover_all() -> dict[str, str]:
     return errors
 
 
+def _pool() -> Pool:
+    """The process's sessions (the SDK is loaded only by a process that calls a server)."""
+    from .sessions import POOL
+
+    return POOL
+
+
 def close_sessions() -> None:
     """Close every MCP session this process holds (the worker's stop)."""
-    POOL.close()
+    import sys
+
+    if "loop.mcp.sessions" in sys.modules:
+        _pool().close()
 
 
 _tried: dict[str, float] = {}  # server name -> when a name under it last made us list it
@@ -213,6 +226,8 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
     def check(values: dict[str, Any]) -> list[str]:
         if not tools.fixed(values):
             return []
+        import jsonschema
+
         try:
             validator = jsonschema.validators.validator_for(schema)(schema)
             problems = sorted(validator.iter_errors(values), key=lambda e: list(e.path))
@@ -239,7 +254,7 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
 
     def _read(values: dict[str, Any]) -> dict[str, Any]:
         try:
-            result = POOL.call(server, name, values)
+            result = _pool().call(server, name, values)
         except (NotSent, Lost, TimeoutError) as exc:
             raise tools.TransientError(str(exc)) from None
         except Refused as exc:
@@ -250,7 +265,7 @@ def _tool(server: config.Server, spec: dict[str, Any]) -> tools.Tool:
 
     def _effect(values: dict[str, Any], effect_id: str) -> dict[str, Any]:
         try:
-            result = POOL.call(server, name, values, key=effect_id)
+            result = _pool().call(server, name, values, key=effect_id)
         except NotSent as exc:
             raise EffectNotSent(str(exc)) from None
         except Refused as exc:
@@ -304,8 +319,8 @@ def output(result: types.CallToolResult) -> dict[str, Any]:
 def _text(result: types.CallToolResult) -> str:
     parts = []
     for block in result.content:
-        if isinstance(block, types.TextContent):
-            parts.append(block.text)
+        if block.type == "text":
+            parts.append(str(getattr(block, "text", "")))
         else:
             parts.append(f"[{block.type}]")
     return "\n".join(parts)

@@ -9,16 +9,15 @@ import asyncio
 import io
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 
-from . import serve
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[..., Awaitable[None]]
@@ -48,8 +47,7 @@ class Endpoint:
     """ASGI: /mcp to the MCP server behind agent tokens, everything else to `app`."""
 
     def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.server = serve.build()
+        self.app = app  # the SDK is loaded with the first request to /mcp
         self.manager: StreamableHTTPSessionManager | None = None
         self.ready: asyncio.Event | None = None
 
@@ -66,9 +64,14 @@ class Endpoint:
     async def _started(self) -> None:
         """The session manager runs in a task of its own for the life of the process."""
         if self.ready is None:
+            from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+            from mcp.server.transport_security import TransportSecuritySettings
+
+            from . import serve
+
             self.ready = asyncio.Event()
             self.manager = StreamableHTTPSessionManager(
-                app=self.server._lowlevel_server,
+                app=serve.build()._lowlevel_server,
                 stateless=True,
                 json_response=True,
                 # The site's own ALLOWED_HOSTS and the token guard this door.

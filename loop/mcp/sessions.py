@@ -30,22 +30,11 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from ..tools import vault
 from .config import Server
+from .outcomes import Lost, NotSent, Refused
 
 T = TypeVar("T")
 PING_SECONDS = 5.0
 KEY = "io.pippa/idempotency-key"
-
-
-class NotSent(Exception):
-    """The call certainly did not reach the server (it could not be connected or pinged)."""
-
-
-class Refused(Exception):
-    """The server answered the call with an error: it did not do it."""
-
-
-class Lost(Exception):
-    """The call was written and its answer never came: it may have happened."""
 
 
 class _Connection:

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from ... import permissions
 from ...mcp import catalog, config
-from ...mcp.sessions import NotSent
+from ...mcp.outcomes import NotSent
 from .respond import answer
 
 
