@@ -13,10 +13,12 @@ class LoopConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import installation, tools
+        from .mcp import catalog
         from .web.pages import login
 
         tools.load_builtin()
         autodiscover_modules("tools")
+        catalog.load()
         user_login_failed.connect(login.count_failure, dispatch_uid="loop.throttle.login")
         user_logged_in.connect(login.clear_on_success, dispatch_uid="loop.throttle.login_ok")
         post_migrate.connect(installation.after_migrate, sender=self, dispatch_uid="loop.install")

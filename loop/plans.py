@@ -337,6 +337,10 @@ def _model_step(
         problems.append(("tools", f"{where}: 'tools' must be a list of tool names"))
         names = []
     for name in names:
+        if name.endswith(".*"):
+            if not tools.expand([name]):
+                problems.append(("tools", f"{where}: tools: no tool is named '{name}'"))
+            continue
         found = tools.find(name)
         if found is None:
             known = ", ".join(tools.names())

@@ -2,7 +2,17 @@ from django.urls import path
 
 from .notify import views as notify_views
 from .web import views
-from .web.pages import clock_page, decide, home, recover, schedules_page, talk, task, tasks
+from .web.pages import (
+    clock_page,
+    decide,
+    home,
+    recover,
+    schedules_page,
+    talk,
+    task,
+    tasks,
+    tools_page,
+)
 
 app_name = "loop"
 urlpatterns = [
@@ -36,4 +46,6 @@ urlpatterns = [
     path("notify/push/key", notify_views.push_key, name="push_key"),
     path("notify/push/subscribe", notify_views.push_subscribe, name="push_subscribe"),
     path("sw.js", notify_views.service_worker, name="service_worker"),
+    path("tools", tools_page.tools_page, name="tools"),
+    path("tools/<str:name>/test", tools_page.test_connection, name="test_connection"),
 ]

@@ -28,6 +28,7 @@ from . import actions, clock, effects, journal, lease, llm, prune, schedules, sq
 from .boot import host_name, proc_start_time, reconcile, this_machine
 from .health import low_disk_reason
 from .judges import Verdict
+from .mcp import catalog
 from .models import EventKind, WorkerState
 from .models import Worker as WorkerRow
 from .notify.notifier import Notifier
@@ -110,6 +111,8 @@ class Worker:
         """Retire dead owners' effects first, then register this incarnation."""
         counts = reconcile(actor=f"boot:{host_name()}:{os.getpid()}")
         self._register(reconciled=counts)
+        if settings.LOOP_MCP_SERVERS:
+            catalog.discover_all()  # sessions opened now, kept; a server down only logs
         log.info("%s started (reconciled %s)", self.worker, counts)
         return counts
 
@@ -187,6 +190,7 @@ class Worker:
                 notifier.close()
             beat.join(timeout=5)
             self._stopped()
+            catalog.close_sessions()  # the MCP servers it started end with it
         return failed
 
     def fire_schedules(self) -> bool:

@@ -16,13 +16,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from loop.mcp.endpoint import Endpoint  # noqa: E402
 from loop.web.routing import websocket_urlpatterns  # noqa: E402
 from loop.web.unavailable import SocketUnavailable  # noqa: E402
 from pippa_site.ws_origin import SameOriginOnly  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # /mcp: Pippa Loop's MCP server behind agent tokens (loop/mcp/endpoint.py)
+        "http": Endpoint(django_asgi_app),
         "websocket": SameOriginOnly(
             AllowedHostsOriginValidator(
                 # The database or Redis down: the socket closes as "paused", not with 1011.

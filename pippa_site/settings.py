@@ -395,6 +395,15 @@ if LOOP_SECRETS_FILE:
         _vault.read_file(LOOP_SECRETS_FILE)
     except _vault.SecretError as _exc:
         raise ImproperlyConfigured(str(_exc)) from None
+# MCP servers whose tools Pippa may use (loop/mcp/config.py): a JSON or YAML file, checked here.
+LOOP_MCP_SERVERS = os.environ.get("LOOP_MCP_SERVERS", "")
+if LOOP_MCP_SERVERS:
+    from loop.mcp import config as _mcp_config
+
+    try:
+        _mcp_config.load(LOOP_MCP_SERVERS)
+    except _mcp_config.ConfigError as _exc:
+        raise ImproperlyConfigured(str(_exc)) from None
 # sql.execute may write the loop's own database only when this is set (it could rewrite receipts).
 LOOP_SQL_ALLOW_DEFAULT = env_bool("LOOP_SQL_ALLOW_DEFAULT", False)
 LOOP_HTTP_TIMEOUT = env_int("LOOP_HTTP_TIMEOUT", 30, low=1)

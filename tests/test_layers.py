@@ -28,6 +28,7 @@ FLOORS = [
     "loop.step_life",
     "loop.judges",
     "loop.effects",
+    "loop.mcp",
     "loop.tools",
 ]
 

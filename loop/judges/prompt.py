@@ -62,7 +62,7 @@ def offered(step: Step) -> dict[str, tools.Tool]:
     read-only built-in when it names none; never a side-effect tool on a read-only step."""
     names = step.tools or [n for n in tools.names() if not tools.get(n).side_effect]
     found = {}
-    for name in names:
+    for name in tools.expand(names):
         tool = tools.find(name)
         if tool is None or tool.disabled() or (tool.side_effect and not step.side_effect):
             continue
@@ -88,9 +88,10 @@ def tool_specs(step: Step) -> list[dict[str, Any]]:
             "type": "function",
             "function": {
                 "name": name,
-                "description": f"the tool '{tool.name}'"
+                "description": (tool.description or f"the tool '{tool.name}'")
                 + (" (side effect: happens once)" if tool.side_effect else " (read-only)"),
-                "parameters": {
+                "parameters": tool.input_schema
+                or {
                     "type": "object",
                     "properties": {a: _schema(spec) for a, spec in tool.args.items()},
                     "required": [a for a, spec in tool.args.items() if spec.required],
@@ -200,7 +201,8 @@ def plan_tools() -> list[str]:
             f"{arg}{'' if spec.required else '?'} ({_arg_type(spec)})"
             for arg, spec in tool.args.items()
         )
-        lines.append(f"- {name}: {kind}; args: {args or 'none'}")
+        about = f" ({tool.description[:200]})" if tool.description else ""
+        lines.append(f"- {name}: {kind}; args: {args or 'none'}{about}")
     return lines
 
 

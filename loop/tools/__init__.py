@@ -14,8 +14,10 @@ from .base import (
     Tool,
     ToolError,
     TransientError,
+    add_finder,
     calling,
     current_call,
+    expand,
     find,
     fixed,
     get,
@@ -24,6 +26,7 @@ from .base import (
     register,
     storable,
     tool,
+    unregister,
 )
 
 __all__ = [
@@ -33,8 +36,10 @@ __all__ = [
     "Tool",
     "ToolError",
     "TransientError",
+    "add_finder",
     "calling",
     "current_call",
+    "expand",
     "find",
     "fixed",
     "get",
@@ -44,6 +49,7 @@ __all__ = [
     "register",
     "storable",
     "tool",
+    "unregister",
 ]
 
 

@@ -92,6 +92,10 @@ class Tool:
     # (args) -> problems ("args.path: outside the file root") found without acting, once the
     # args fit the schema; a field holding a `${...}` reference is left for run time.
     check: Callable[[dict[str, Any]], list[str]] | None = None
+    # A tool from elsewhere (an MCP server): its own words and its arguments' JSON Schema,
+    # offered to the model as they are.
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
 
     def check_args(self, args: Any, where: str) -> list[str]:
         """Errors naming `where` and the argument; empty when the args fit the schema."""
@@ -229,6 +233,40 @@ def calling(call: Call) -> Iterator[None]:
 
 
 _registry: dict[str, Tool] = {}
+# Called with a name the registry does not know (tools from elsewhere are found when first
+# named: `loop.mcp`); each may register it.
+_finders: list[Callable[[str], None]] = []
+
+
+def add_finder(finder: Callable[[str], None]) -> None:
+    if finder not in _finders:
+        _finders.append(finder)
+
+
+def _found(name: str) -> Tool | None:
+    if name not in _registry:
+        for finder in _finders:
+            finder(name)
+    return _registry.get(name)
+
+
+def unregister(name: str) -> None:
+    """Forget a tool (a tool from elsewhere that is gone or changed)."""
+    _registry.pop(name, None)
+
+
+def expand(names: list[str]) -> list[str]:
+    """`names` with each `prefix.*` replaced by every registered tool under `prefix.`
+    (`mcp.files.*`), in order; other names as they are."""
+    out: list[str] = []
+    for name in names:
+        if name.endswith(".*"):
+            _found(name[:-1])  # lets a finder register the family
+            prefix = name[:-1]
+            out.extend(n for n in sorted(_registry) if n.startswith(prefix) and n not in out)
+        elif name not in out:
+            out.append(name)
+    return out
 
 
 def register(t: Tool) -> Tool:
@@ -353,14 +391,14 @@ def tool(
 
 
 def get(name: str) -> Tool:
-    try:
-        return _registry[name]
-    except KeyError:
-        raise ToolError(f"unknown tool '{name}'") from None
+    found = _found(name)
+    if found is None:
+        raise ToolError(f"unknown tool '{name}'")
+    return found
 
 
 def find(name: str) -> Tool | None:
-    return _registry.get(name)
+    return _found(name)
 
 
 def names() -> list[str]:
