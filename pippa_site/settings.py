@@ -129,6 +129,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # `plain` and `who`: the loop's words said to a person (loop/web/words.py).
+            "builtins": ["loop.web.words"],
         },
     },
 ]
