@@ -88,9 +88,9 @@ def handler(world: DemoWorld, say: Any) -> type[BaseHTTPRequestHandler]:
                 say(f"POST /pay {body.get('amount')}: {said} {receipt['receipt']}")
                 self.answer(200, receipt)
             elif path == "/messages":
-                said = world.message(body)
+                kept = world.message(body)
                 say(f"POST /messages: {body.get('text', '')!s:.80}")
-                self.answer(200, said)
+                self.answer(200, kept)
             else:
                 say(f"POST {self.path} -> 404")
                 self.answer(404, {"error": "no such page"})
