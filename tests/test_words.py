@@ -51,3 +51,8 @@ def test_people_by_their_display_names(db: None) -> None:
         plain_error("asked by cli:dad, then worker:2")
         == "asked by Dad (command line), then the loop"
     )
+
+
+def test_a_setting_with_its_value() -> None:
+    said = plain_error("no heartbeat for 10 s (LOOP_WORKER_LATE_AFTER=8.5): frozen")
+    assert said == "no heartbeat for 10 s (late after, in seconds: 8.5): frozen"

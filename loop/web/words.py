@@ -26,7 +26,7 @@ _CLASS = re.compile(
     r"gaierror|herror|timeout)\b:?\s*"
 )
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
-_SETTING = re.compile(r"\bLOOP_[A-Z0-9_]+\b")
+_SETTING = re.compile(r"\b(LOOP_[A-Z0-9_]+)\b(=?)")
 _DIGEST = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{56}\b")
 _ACTOR = re.compile(r"\b(?:cli|worker|boot|admin):[\w.@:-]+")
 
@@ -52,6 +52,7 @@ SETTING_WORDS = {
     "LOOP_FILE_ROOT": "the folder the loop may write in",
     "LOOP_SMTP_HOST": "the mail server",
     "LOOP_MAX_ATTEMPTS": "the number of tries a step has",
+    "LOOP_WORKER_LATE_AFTER": "late after, in seconds",
 }
 
 # Messages whose whole meaning is better said otherwise (checked after the cuts above).
@@ -83,7 +84,10 @@ def plain_error(text: object) -> str:
 
     said = _CLASS.sub(class_words, said)
     said = _ERRNO.sub("", said)
-    said = _SETTING.sub(lambda m: SETTING_WORDS.get(m.group(0), "a site setting"), said)
+    said = _SETTING.sub(
+        lambda m: SETTING_WORDS.get(m.group(1), "a site setting") + (": " if m.group(2) else ""),
+        said,
+    )
     said = _DIGEST.sub(lambda m: f"{m.group(1)}…", said)
     said = _ACTOR.sub(lambda m: person(m.group(0)), said)
     for pattern, words in PHRASES:
