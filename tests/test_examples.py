@@ -5,6 +5,7 @@ payment asks first and is paid once, the chat gets its message, the schedule mak
 from __future__ import annotations
 
 import io
+import re
 import socket
 import subprocess
 import sys
@@ -76,3 +77,15 @@ def test_every_example_runs_as_it_is_against_the_demo_receiver(
     assert "POST /pay 120: paid R-1" in said and said.count("POST /pay") == 1
     assert "POST /messages: Today in Berlin: sunny" in said
     assert "POST /messages: Good morning! Berlin: sunny" in said
+
+
+def test_the_readme_starts_with_the_two_commands_and_links_only_what_the_repository_has() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert readme.startswith("# Pippa Loop\n\n```sh\nbin/up     #"), readme[:80]
+    assert readme.split("```")[1].strip().splitlines()[2].startswith("bin/test   #")
+    assert "DESIGN.md" not in readme  # the design is in docs/, in the repository
+    targets = re.findall(r"\]\(([^)#]+)[^)]*\)|src=\"([^\"]+)\"", readme)
+    linked = {a or b for a, b in targets if not (a or b).startswith("http")}
+    assert {"docs/architecture.md", "examples/", "docs/img/home-desk.png"} <= linked, linked
+    for path in linked:
+        assert (ROOT / path).exists(), f"README links {path}, which is not in the repository"
