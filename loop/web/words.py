@@ -9,14 +9,16 @@ shows them through two template filters, builtins of every template (settings.TE
     {{ actor|who }}     a person by their display name (the User's full name, else the
                         username); the loop's own processes, agents and schedules in words
 
-Both are pure but for `who`'s lookup of a username (one indexed query).
+Both are pure but for `who`'s lookup of a username (one indexed query per person and request).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 
 from django import template
+from django.core.signals import request_finished, request_started
 
 register = template.Library()
 
@@ -53,6 +55,7 @@ SETTING_WORDS = {
     "LOOP_SMTP_HOST": "the mail server",
     "LOOP_MAX_ATTEMPTS": "the number of tries a step has",
     "LOOP_WORKER_LATE_AFTER": "late after, in seconds",
+    "LOOP_SHELL_ENABLED": "the site's switch for shell commands",
 }
 
 # Messages whose whole meaning is better said otherwise (checked after the cuts above).
@@ -96,13 +99,42 @@ def plain_error(text: object) -> str:
     return re.sub(r"\s{2,}", " ", said).strip(" :")
 
 
+class _Names(threading.local):
+    """Display names looked up during the request being served (cleared as it starts and
+    ends), so a page with a hundred journal rows asks once per person, not once per row;
+    outside a request nothing is kept."""
+
+    kept: dict[str, str] | None = None
+
+
+_names = _Names()
+
+
+def _start_keeping(**kwargs: object) -> None:
+    _names.kept = {}
+
+
+def _stop_keeping(**kwargs: object) -> None:
+    _names.kept = None
+
+
+request_started.connect(_start_keeping, dispatch_uid="loop.web.words.start")
+request_finished.connect(_stop_keeping, dispatch_uid="loop.web.words.stop")
+
+
 def _display_name(username: str) -> str:
     """The person's display name: their full name if the site knows one, else the username;
     '' if the site has no such account."""
+    kept = _names.kept
+    if kept is not None and username in kept:
+        return kept[username]
     from django.contrib.auth.models import User
 
     user = User.objects.filter(username=username).only("first_name", "last_name").first()
-    return "" if user is None else (user.get_full_name().strip() or username)
+    name = "" if user is None else (user.get_full_name().strip() or username)
+    if kept is not None:
+        kept[username] = name
+    return name
 
 
 def person(actor: object) -> str:
