@@ -376,4 +376,10 @@ def test_the_readme_tour_screenshots_at_both_sizes(
             page.goto(f"{base}/tasks/new")
             readme_shot(page, f"new-task-{suffix}.png")
             assert overflow(page) <= viewport["width"]
+            # The admin's step editor: a card per step, its task's fields as text.
+            page.goto(f"{base}/admin/loop/task/{asks.pk}/change/")
+            expect(page.locator("#steps-group tr.form-row").first).to_be_visible()
+            assert page.locator("textarea[name=instructions], select[name=origin]").count() == 0
+            readme_shot(page, f"admin-steps-{suffix}.png")
+            assert overflow(page) <= viewport["width"]
             page.context.close()
