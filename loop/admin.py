@@ -26,14 +26,17 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from . import actions, calls, numbers, plans
-from .models import AgentToken, Effect, Event, Step, StepState, Task, Worker
+from .models import TASK_STATE_WORDS, AgentToken, Effect, Event, Step, StepState, Task, Worker
 from .states import STEP
 from .web.forms import WholeNumberField
 from .web.pages import context
 from .web.pages.login import AdminLoginForm
+from .web.words import person, plain_error
 
 EDITABLE = ("position", *actions.PLAN_FIELDS)
 admin.site.login_form = AdminLoginForm  # the admin's login is throttled like ours
+admin.site.site_header = admin.site.site_title = "Pippa Loop admin"
+admin.site.index_title = "The loop's records"
 WHY_READ_ONLY = {
     StepState.RUNNING: "running: the loop is working on it",
     StepState.BLOCKED: "blocked: it waits for an answer to its question",
@@ -187,12 +190,12 @@ class StepInline(admin.TabularInline):
         *actions.PLAN_FIELDS,
         "state",
         "attempts",
-        "error",
+        "what_failed",
         "written",
         "read_only",
         "seen_state",
     )
-    readonly_fields = ("state", "attempts", "error", "written", "read_only")
+    readonly_fields = ("state", "attempts", "what_failed", "written", "read_only")
     show_change_link = False
 
     @admin.display(description="read-only because")
@@ -202,7 +205,11 @@ class StepInline(admin.TabularInline):
     @admin.display(description="written by")
     def written(self, step: Step) -> str:
         proposed = " (proposed: waits for approval)" if step.proposed else ""
-        return f"{step.get_writer_display()} {step.written_by}{proposed}"
+        return f"{step.get_writer_display()} {person(step.written_by)}{proposed}"
+
+    @admin.display(description="error")
+    def what_failed(self, step: Step) -> str:
+        return plain_error(step.error)
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # new steps come through "add steps" (dashboard, API), never half-made here
@@ -232,25 +239,50 @@ class StepInline(admin.TabularInline):
         return formset
 
 
+class TaskStateFilter(admin.SimpleListFilter):
+    """The task's state, by its words (TASK_STATE_WORDS), not its choice labels."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(state), words) for state, words in TASK_STATE_WORDS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(state=self.value()) if self.value() else queryset
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ("id", "title", "state", "created_by", "created_at")
-    list_filter = ("state",)
+    """Only the plan's pending steps are edited here; every field of the task itself is shown
+    read-only (as text, not as a field that looks editable and whose change is dropped)."""
+
+    list_display = ("id", "title", "status", "made_by", "created_at")
+    list_filter = (TaskStateFilter,)
     search_fields = ("title",)
     inlines = [StepInline]
-    readonly_fields = (
-        "title",
-        "state",
-        "created_at",
-        "updated_at",
-        "created_by",
-        "driver",
-        "successor",
-        "run_after",
-        "lease_owner",
-        "lease_until",
-        "lease_epoch",
-    )
+    exclude = ("created_by",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        shown = [f.name for f in Task._meta.concrete_fields if f.name not in ("id", "created_by")]
+        return ["made_by", *shown]
+
+    @admin.display(description="state", ordering="state")
+    def status(self, task: Task) -> str:
+        return task.get_state_display()
+
+    @admin.display(description="created by")
+    def made_by(self, task: Task) -> str:
+        return person(task.created_by)
+
+    def message_user(self, request: HttpRequest, message: Any, *args: Any, **kwargs: Any) -> None:
+        """Django's "was changed successfully" only when a step was edited: a save that
+        changed nothing says so."""
+        said = str(message)
+        if "changed successfully" in said and not getattr(request, "_loop_edited", False):
+            message, args = "Nothing was changed.", (messages.INFO, *args[1:])
+            kwargs.pop("level", None)
+        super().message_user(request, message, *args, **kwargs)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tasks are created from plans (dashboard, API, `manage.py plan`)
@@ -295,6 +327,7 @@ class TaskAdmin(admin.ModelAdmin):
             self.message_user(request, f"Nothing was changed: {exc}", messages.ERROR)
             return
         formset.changed_objects = [(s, sorted(edits[s.pk])) for s in edited]
+        request._loop_edited = bool(edited)  # type: ignore[attr-defined]
         if edited:
             keys = ", ".join(f"'{s.key}'" for s in edited)
             self.message_user(request, f"Plan edited: {keys}.", messages.SUCCESS)
@@ -323,18 +356,27 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "kind", "task", "step", "actor")
+    list_display = ("id", "created_at", "kind", "task", "step", "who")
     list_filter = ("kind",)
     list_select_related = ("task", "step")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Event]:
         return super().get_queryset(request).order_by("-id")
 
+    @admin.display(description="by", ordering="actor")
+    def who(self, event: Event) -> str:
+        return person(event.actor)
+
 
 @admin.register(Effect)
 class EffectAdmin(ReadOnlyAdmin):
-    list_display = ("id", "tool", "target", "state", "sends", "step", "updated_at")
+    list_display = ("effect", "tool", "target", "state", "sends", "step", "updated_at")
     list_filter = ("state", "tool")
+
+    @admin.display(description="effect", ordering="id")
+    def effect(self, effect: Effect) -> str:
+        """Its id cut to 8 characters (the whole is its idempotency key, on its page)."""
+        return f"{str(effect.pk)[:8]}…"
 
 
 @admin.register(Worker)

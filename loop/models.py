@@ -32,6 +32,11 @@ class TaskState(models.TextChoices):
     """Replaced by a successor task; its pending steps never run."""
 
 
+# TaskState's labels in a person's words, where the machine's label is jargon; the choices keep
+# their labels (a migration's business) and the pages show these (Task.get_state_display).
+TASK_STATE_WORDS = {**dict(TaskState.choices), TaskState.SUPERSEDED: "Replaced"}
+
+
 class StepState(models.TextChoices):
     PENDING = "pending", "Pending"
     """Not started, or put back by a person's decision."""
@@ -233,6 +238,10 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.pk} {self.title!r}"
+
+    def get_state_display(self) -> str:  # type: ignore[no-redef]
+        """The state as a person reads it: a superseded task is "Replaced" (by a new plan)."""
+        return TASK_STATE_WORDS.get(self.state, self.state.title())
 
     @property
     def ended(self) -> bool:

@@ -130,6 +130,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # `plain` and `who`: the loop's words said to a person (loop/web/words.py).
+            "builtins": ["loop.web.words"],
         },
     },
 ]

@@ -239,3 +239,26 @@ def test_confirm_before_on_a_read_only_step_is_stored_as_the_plan_stores_it(db: 
     )
     a.refresh_from_db()
     assert a.confirm_before is False  # only a side-effect step asks first, as in a plan
+
+
+def test_the_tasks_own_fields_are_read_only_and_a_save_that_changes_nothing_says_so(
+    db: None,
+) -> None:
+    """Origin, instructions and the rest of the task are text on the page, not fields; a forged
+    post of them changes nothing, and the admin says "Nothing was changed", not "changed
+    successfully" (issue 28)."""
+    client = admin_client(db)
+    task = make_task(step("a"), title="Water the plants")
+    Task.objects.filter(pk=task.pk).update(instructions="Be brief.")
+    form = open_form(client, task)
+    for name in ("title", "origin", "instructions", "created_by", "driver", "state"):
+        assert name not in form, name
+    page = client.get(f"/admin/loop/task/{task.pk}/change/").content.decode()
+    assert "Be brief." in page and "Origin" in page
+    forged = {**form, "origin": "schedule", "instructions": "Pay everyone", "title": "Forged"}
+    response = client.post(f"/admin/loop/task/{task.pk}/change/", forged, follow=True)
+    text = response.content.decode()
+    assert "Nothing was changed." in text and "changed successfully" not in text
+    task.refresh_from_db()
+    assert (task.title, task.instructions) == ("Water the plants", "Be brief.")
+    assert task.origin != "schedule"

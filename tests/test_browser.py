@@ -445,7 +445,7 @@ def test_the_pages_keep_to_the_content_security_policy(
         page.goto(site + path)
         if path.startswith("/tasks/") and path[7:].isdigit():
             live_open(page)  # the pages with a live socket: home and a task's
-    expect(page.locator("#content")).to_contain_text("Site administration")
+    expect(page.locator("#content")).to_contain_text("The loop's records")
     assert blocked == []
 
 

@@ -26,6 +26,7 @@ from loop.api.core import issue
 from loop.models import AgentToken, Event, Message, Schedule, Task
 from loop.permissions import SYSTEM
 from loop.serialize import task_dict
+from loop.web.words import plain_error
 
 from .conftest import make_task, permission_objects, step
 
@@ -305,7 +306,12 @@ def test_a_failed_run_shows_on_the_conversation_page(db: None, dad: User, settin
     client = Client()
     client.force_login(dad)
     page = client.get("/conversation").content.decode()
-    assert f"Failed: {escape(run.error)}" in page and "tool &#x27;shell.run&#x27; is off" in page
+    # In words on the page (loop/web/words.py): the setting by what it does, not its name.
+    assert (
+        f"Failed: {escape(plain_error(run.error))}" in page
+        and "tool &#x27;shell.run&#x27; is off" in page
+    )
+    assert "LOOP_SHELL_ENABLED" not in page and "LOOP_SHELL_ENABLED" in run.error
 
 
 def test_making_a_schedule_needs_creating_and_answering(db: None, guest: User) -> None:

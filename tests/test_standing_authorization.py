@@ -92,7 +92,7 @@ def test_the_current_runs_task_runs_without_asking_and_the_journal_says_why(
     client = Client()
     client.force_login(dad)
     page = client.get(f"/tasks/{task.pk}").content.decode()
-    assert "Ran under the schedule's standing authorization" in page
+    assert "Ran with the schedule's permission, without asking" in page
     assert f"(confirm_before, run {run.pk})" in page and "from schedule <strong" in page
     assert f"  from schedule pay weekly, message {run.message_id}" in manage("task", str(task.pk))
     said = json.loads(manage("conversation", "--json"))

@@ -20,7 +20,7 @@ from ..forms import DecisionForm
 from .respond import actor, answer
 
 SAID = {
-    "allow": "Allowed once: '{key}' runs on the next tick.",
+    "allow": "Allowed once: '{key}' runs in a moment.",
     "allow_held": "Allowed once: '{key}' runs when {holder} takes it up, or its lease ends at {until}.",
     "deny": "Denied: '{key}' failed; its task is paused, waiting for a replacement.",
     "deny_model": "Denied: Pippa is told your reason and goes on with '{key}'.",
