@@ -195,14 +195,19 @@ def _request(call: Request | Intent) -> Request:
     return call if isinstance(call, Request) else call.request
 
 
-def intend_all(requests: Sequence[Request]) -> list[Intent]:
+def intend_all(requests: Sequence[Request], *, first_starts: bool = False) -> list[Intent]:
     """Look each effect up by its id: a receipt answers at once (nothing is performed); a new
     one's intent is inserted `pending`; all new intents commit together, or with the caller's
     transaction if there is one (the worker writes the intents of the calls it knows of in
-    the commit that starts their steps). The intent of each request, in order."""
+    the commit that starts their steps). The intent of each request, in order.
+
+    `first_starts`: the requests are of steps starting for the first time (`plan_calls`), so
+    none of them has an effect yet (an effect's id names its step), and nothing is looked up;
+    were one there after all, its insert would fail the start's commit, sending nothing."""
     if not requests:
         return []
-    found = {e.pk: e for e in sql.by_ids(Effect, [r.effect_id for r in requests])}
+    ids = [] if first_starts else [r.effect_id for r in requests]
+    found = {e.pk: e for e in sql.by_ids(Effect, ids)} if ids else {}
     intents: dict[Request, Effect | Outcome] = {}
     new = []
     for request in requests:

@@ -191,7 +191,8 @@ def plan_calls(batch: Sequence[Begun]) -> list[Begun]:
     if not requests:
         return list(batch)
     with writing(named(batch)):
-        intents = dict(zip(requests, effects.intend_all(list(requests.values())), strict=True))
+        planned = effects.intend_all(list(requests.values()), first_starts=True)
+        intents = dict(zip(requests, planned, strict=True))
     return [
         replace(b, call=intents[n]) if n in intents and isinstance(b, Started) else b
         for n, b in enumerate(batch)
