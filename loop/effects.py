@@ -13,12 +13,13 @@ without a committed intent: a failed write raises before the world is touched.
 `send_all` takes the calls of several steps (a worker's batch) through these phases together,
 so each COMMIT serves them all, and performs the claimed effects at once, one thread each:
 every effect in flight has its own committed claim, as a lone call's would. With `deferring`
-(the worker's tool judge), the success of an effect whose call is safe to repeat is not
-committed on its own: it comes back as a `Receipt`, which the caller writes in the commit of
-its step's verdict (`record_receipts`). A cut before that commit leaves the effect `running`
-under a lapsing claim, which settles as every such cut does (§9: back to `pending`, sent
-again, the receiver deduplicating on its key), so it costs no question, and a step's batch
-saves a commit.
+(the worker's tool judge), a success is not committed on its own: it comes back as a
+`Receipt`, which the caller writes in the commit of its step's verdict (`record_receipts`). A
+cut before that commit leaves the effect `running` under a lapsing claim, which settles as
+every such cut does (§9): one safe to repeat goes back to `pending` and is sent again (the
+receiver deduplicating on its key), so it costs no question; one that is not asks "Did this
+happen?", as a cut while it was in flight would, and the worker holds one such at a time. A
+step's batch saves a commit either way.
 """
 
 from __future__ import annotations
@@ -159,9 +160,16 @@ def send_all(calls: Sequence[Request | Intent]) -> list[Outcome]:
 
 
 def deferring(calls: Sequence[Request | Intent]) -> list[tuple[Outcome, Receipt | None]]:
-    """`send_all`, except that the success of an effect safe to repeat is not committed here:
-    its `Receipt` comes with its outcome, for the caller to write with the step's verdict
-    (`record_receipts`, inside that commit). Every other outcome is committed here."""
+    """`send_all`, except that a success is not committed here: its `Receipt` comes with its
+    outcome, for the caller to write with the step's verdict (`record_receipts`, inside that
+    commit). Every other outcome is committed here.
+
+    For an effect safe to repeat, a cut before that commit costs nothing (it is sent again).
+    For one that is not, it costs one "Did this happen?" — as a cut while it was in flight
+    would: the caller (the worker) holds at most one such effect unsettled at a time
+    (`step_life.ASKING_AT_ONCE`) and writes its receipt in the commit that starts the next, so
+    a crash still asks at most once per worker, and the step's outcome saves a commit. No
+    effect is ever sent twice: its intent and its claim stay committed before it goes out."""
     return _send_all(calls, defer=True)
 
 
@@ -187,14 +195,19 @@ def _request(call: Request | Intent) -> Request:
     return call if isinstance(call, Request) else call.request
 
 
-def intend_all(requests: Sequence[Request]) -> list[Intent]:
+def intend_all(requests: Sequence[Request], *, first_starts: bool = False) -> list[Intent]:
     """Look each effect up by its id: a receipt answers at once (nothing is performed); a new
     one's intent is inserted `pending`; all new intents commit together, or with the caller's
     transaction if there is one (the worker writes the intents of the calls it knows of in
-    the commit that starts their steps). The intent of each request, in order."""
+    the commit that starts their steps). The intent of each request, in order.
+
+    `first_starts`: the requests are of steps starting for the first time (`plan_calls`), so
+    none of them has an effect yet (an effect's id names its step), and nothing is looked up;
+    were one there after all, its insert would fail the start's commit, sending nothing."""
     if not requests:
         return []
-    found = {e.pk: e for e in sql.by_ids(Effect, [r.effect_id for r in requests])}
+    ids = [] if first_starts else [r.effect_id for r in requests]
+    found = {e.pk: e for e in sql.by_ids(Effect, ids)} if ids else {}
     intents: dict[Request, Effect | Outcome] = {}
     new = []
     for request in requests:
@@ -339,13 +352,13 @@ def _perform_all(
 ) -> dict[Request, Outcome]:
     """Perform the claimed effects (at once, when there are several), then record every
     outcome in one commit; an uncertain one is probed before the step has to ask. Given
-    `receipts`, each success of an effect safe to repeat goes there instead, unwritten."""
+    `receipts`, each success goes there instead, unwritten (`deferring`)."""
     replies = _perform(claimed)
     outcomes: dict[Request, Outcome] = {}
     doubted = []
     settled = []
     for (request, effect), reply in zip(claimed, replies, strict=True):
-        if receipts is not None and effect.safe_to_repeat and not isinstance(reply, Exception):
+        if receipts is not None and not isinstance(reply, Exception):
             receipts[request] = Receipt(request, effect, reply)
             outcomes[request] = Done(dict(reply))
         else:

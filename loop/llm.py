@@ -206,11 +206,14 @@ def _ask(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) ->
     limit = int(settings.LOOP_LLM_MAX_REPLY_BYTES)
     deadline = time.monotonic() + timeout
     body = bytearray()
+    # The messages and tools go as they are (plain JSON already), in `extra_body`, which the
+    # client merges into the request's body last: given as `messages` and `tools`, the client
+    # walks them against its typed schema on every request, 40% of its time, to change nothing.
     with client().chat.completions.with_streaming_response.create(
         model=settings.LOOP_LLM_MODEL,
-        messages=list(messages),  # type: ignore[arg-type]
-        tools=list(tools),  # type: ignore[arg-type]
+        messages=[],
         max_tokens=int(settings.LOOP_LLM_MAX_TOKENS),
+        extra_body={"messages": list(messages), "tools": list(tools)},
     ) as response:
         _answered.add(settings.LOOP_LLM_BASE_URL)
         try:

@@ -191,7 +191,8 @@ def plan_calls(batch: Sequence[Begun]) -> list[Begun]:
     if not requests:
         return list(batch)
     with writing(named(batch)):
-        intents = dict(zip(requests, effects.intend_all(list(requests.values())), strict=True))
+        planned = effects.intend_all(list(requests.values()), first_starts=True)
+        intents = dict(zip(requests, planned, strict=True))
     return [
         replace(b, call=intents[n]) if n in intents and isinstance(b, Started) else b
         for n, b in enumerate(batch)
@@ -504,11 +505,12 @@ def commit(
     is let go (`keeps_lease`: an agent keeps its task until it is finished)."""
     if not verdicts:
         return []
-    with writing(named([started for started, _ in verdicts])):
+    receipts = [r for _, verdict in verdicts for r in verdict.receipts]
+    with writing(named([started for started, _ in verdicts])), _receipts_kept(receipts):
         with transaction.atomic(), journal.batched():
             owner = verdicts[0][0].holder.owner
             fences = lease.fenced_all(owner, [(s.task_id, s.epoch) for s, _ in verdicts])
-            effects.record_receipts([r for _, verdict in verdicts for r in verdict.receipts])
+            effects.record_receipts(receipts)
             going_on = _verdicts(verdicts, fences, chain=chain, keeps_lease=keeps_lease)
             steps = open_steps.first_open([task.pk for task, _ in going_on])
             begun = _begin_held(
@@ -518,6 +520,28 @@ def commit(
                 keeps_lease=keeps_lease,
             )
             return plan_calls([b for b in begun if isinstance(b, Started | NeedsProbe)])
+
+
+@contextmanager
+def _receipts_kept(receipts: Sequence[effects.Receipt]) -> Iterator[None]:
+    """If the verdicts' commit fails, their receipts are written once more on their own before
+    the failure goes on: an effect that happened stays known to have happened, and a step that
+    would ask if cut does not ask about it for a failed write (as when its outcome had a commit
+    of its own)."""
+    states = [r.effect.state for r in receipts]  # as they were before the rolled-back writes
+    try:
+        yield
+    except DatabaseError:
+        if not receipts:
+            raise
+        for receipt, state in zip(receipts, states, strict=True):
+            receipt.effect.state = state
+        try:
+            with transaction.atomic():
+                effects.record_receipts(receipts)
+        except DatabaseError as again:
+            log.error("the receipts of %d effects could not be written: %s", len(receipts), again)
+        raise
 
 
 def commit_one(started: Started, verdict: Verdict, *, keeps_lease: bool = False) -> bool:

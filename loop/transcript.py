@@ -157,21 +157,27 @@ def add_result(
     content, change = clean(content)
     changes = [change] if change else []
     with transaction.atomic():
-        mine = TranscriptEntry.objects.filter(step_id=step.pk)
+        # One read for the checks and the next seq: each row's seq, role, calls, result's call.
+        rows = list(
+            TranscriptEntry.objects.filter(step_id=step.pk).values_list(
+                "seq", "role", "tool_calls", "tool_call_id"
+            )
+        )
         asked = any(
             call.get("id") == call_id
-            for calls in mine.filter(role=Role.ASSISTANT).values_list("tool_calls", flat=True)
+            for _, role, calls, _ in rows
+            if role == Role.ASSISTANT
             for call in calls or []
         )
         if not asked:
             raise Orphan(f"step '{step.key}': no call {call_id!r} in its transcript")
-        if mine.filter(role=Role.TOOL, tool_call_id=call_id).exists():
+        if any(role == Role.TOOL and answered == call_id for _, role, _, answered in rows):
             raise Orphan(f"step '{step.key}': call {call_id!r} has its result already")
         entry = TranscriptEntry.objects.create(
             task_id=step.task_id,
             step_id=step.pk,
             attempt=step.attempts,
-            seq=_next_seq(step),
+            seq=max(seq for seq, *_ in rows) + 1,  # a call was asked: there is a row
             role=Role.TOOL,
             content=_cleaned(content, changes),
             tool_call_id=call_id,

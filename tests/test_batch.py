@@ -13,9 +13,10 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from loop import lease
+from loop import clock, lease
 from loop.judges import Verdict
 from loop.models import Effect, Event, Step, Task
+from loop.models import Worker as WorkerRow
 from loop.step_life import Started
 from loop.transitions import Conflict
 from loop.worker import Worker
@@ -328,3 +329,41 @@ def test_posts_go_one_at_a_time_unless_their_receiver_deduplicates_on_the_key(
     assert all(Step.objects.get(task=task).state == "done" for task in tasks)
     assert running_at_once("http.post") == (4 if listed else 1)
     assert set(Effect.objects.values_list("safe_to_repeat", flat=True)) == {listed}
+
+
+def test_a_cut_after_an_effect_that_would_ask_went_out_costs_one_question_and_no_second_send(
+    worker: Worker, settings: Any
+) -> None:
+    """The success of an effect that would ask if cut is written with its step's verdict,
+    not in a commit of its own (`effects.deferring`): a cut between the two leaves it
+    `running` — the worker's only such effect, since the next is claimed only after that
+    commit — and the next worker asks about it once, sending nothing again."""
+    with Receiver() as receiver:
+        settings.LOOP_IDEMPOTENT_RECEIVERS = []
+        for n in range(3):
+            make_task(
+                *[
+                    step(f"pay{i}", "http.post", args={"url": receiver.url(), "json": [n, i]})
+                    for i in range(2)
+                ],
+                title=f"p{n}",
+            )
+        begun = worker.claim_batch()
+        batch = [s for s in begun if isinstance(s, Started)]
+        verdicts, _ = worker.perform(batch)  # then the worker is cut: no verdict commit
+        assert len(batch) == 1 and len(receiver.posts) == 1
+        assert [v.kind for _, v in verdicts] == ["done"] and verdicts[0][1].receipts
+        assert sorted(Effect.objects.values_list("state", flat=True)) == ["running"]
+        WorkerRow.objects.filter(pk=worker.worker_id).update(
+            boot_id="another-kernel", last_seen=clock.db_now(-3600)
+        )
+        after = Worker(label="after the cut")
+        after.boot()
+        run_until_idle(after)
+        bodies = [post.body for post in receiver.posts]
+    assert len(bodies) == len(set(bodies)) == 5  # the cut task's second step waits for Dad
+    asked = Step.objects.exclude(question_kind="")
+    assert [(s.key, s.state, s.question_kind) for s in asked] == [
+        ("pay0", "blocked", "did_it_happen")
+    ]
+    assert Step.objects.filter(state="done").count() == 4

@@ -143,8 +143,9 @@ class Tick:
         if not any(r.role == transcript.Role.USER and r.attempt == step.attempts for r in rows):
             transcript.add(step, transcript.Role.USER, briefing(step), actor=self.holder.actor)
         specs = tool_specs(step)
+        rows = []  # the transcript as last read, while nothing was written since ([]: read it)
         for _ in range(int(settings.LOOP_LLM_MAX_TURNS)):
-            rows = transcript.entries(step)
+            rows = rows or transcript.entries(step)
             spent = self._over_budget(rows)
             if spent is not None:
                 return spent
@@ -171,12 +172,14 @@ class Tick:
                 if reminded:
                     return Verdict.retry(f"{self.where}: the model stopped without commit_step")
                 transcript.add(step, transcript.Role.USER, REMINDER, actor=self.holder.actor)
+                rows = []
                 continue
             for index, one in enumerate(entry.tool_calls):
                 stop = self.answer(entry, index, one)
                 if stop is not None:
                     return stop
-            ended = self._committed(transcript.entries(step))
+            rows = transcript.entries(step)
+            ended = self._committed(rows)
             if ended is not None:
                 return ended
         return Verdict.retry(

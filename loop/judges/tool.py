@@ -3,7 +3,7 @@ args' `${key.path}` references filled from earlier steps' outputs.
 
 It judges a worker's turn of steps at once: read-only tools run in turn, and the side-effect
 calls go through the outbox together (`effects.deferring`), sharing its commits; the success
-of a call safe to repeat is written with its step's verdict (the verdict's `receipts`).
+of a call is written with its step's verdict (the verdict's `receipts`).
 """
 
 from __future__ import annotations
