@@ -34,6 +34,9 @@ from pippa_site.urls import urlpatterns
 
 from .conftest import DAD_PERMISSIONS, make_task, permission_objects, step
 
+# who may call what: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 # ---- the world each case starts from -----------------------------------------------------------
 
 

@@ -47,6 +47,9 @@ from loop.models import CLAIMABLE_TASK_STATES, Step, Task
 
 from .conftest import make_task, step
 
+# the API's contract and its refusals: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 REQUESTS = 1200
 # What a hostile request carries in one place. Text goes anywhere; a lone surrogate or a NUL
 # only into a JSON body (a query string or a path can't carry one).

@@ -21,7 +21,12 @@ from loop.models import Effect, Step, Task
 
 from .conftest import ROOT, kill, make_task, process_env, start_runloop, step, wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# what a person sees: tried on the SQLite run
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.sqlite_only,
+]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

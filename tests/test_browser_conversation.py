@@ -33,7 +33,12 @@ from .test_browser import (  # noqa: F401  (fixtures)
     still_same_page,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# what a person sees: tried on the SQLite run
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.sqlite_only,
+]
 
 
 def test_dad_writes_and_the_scheduled_payment_asks_him_instead_of_running(

@@ -32,7 +32,12 @@ from .test_browser import (  # noqa: F401  (fixtures)
 )
 from .test_model_judge_crash import mailbox  # noqa: F401  (fixture: the real SMTP receiver)
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# what a person sees: tried on the SQLite run
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.sqlite_only,
+]
 
 LETTER = {
     "to": ["dad@example.com", "mum@example.com"],

@@ -18,7 +18,9 @@ from loop.models import Event, Step, Task
 
 from .conftest import ROOT, make_task, process_env, step
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the children see what the test wrote
+# The children see what the test wrote; the commands' options and exits are tried on the
+# SQLite run.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite_only]
 
 PLAN = """
 title: Say hello

@@ -28,6 +28,9 @@ from loop.worker import Worker
 
 from .conftest import ROOT, make_task, process_env, run_until_idle, step
 
+# hostile input's refusals: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 
 def alias_bomb(levels: int = 8) -> str:
     """The issue's plan: each anchor a list of nine aliases of the one before."""

@@ -29,6 +29,9 @@ from pippa_site.asgi import application
 
 from .conftest import make_task, step
 
+# the socket's parameters: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 EXAMPLES = 150
 PAGE = [(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
 TYPED = ["²", "١٢", "１２", "12²", " 1", "+1", "1_0", "1.0", "-1", "0", "1e3", "", "9" * 40]

@@ -14,6 +14,9 @@ from django.test import Client
 
 from pippa_site.asgi import application
 
+# the socket's origin check: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 HOST = (b"host", b"127.0.0.1:8000")
 
 

@@ -22,7 +22,8 @@ from loop.worker import Worker
 from .conftest import make_task, run_until_idle, step
 from .support.llm_server import Body, Raw, Slow, call, calls, commit, say, tool_results
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite_only]
+# the model's bounds: database-independent, tried on the SQLite run
 
 
 def model_step(key: str = "m", **fields: Any) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from loop.models import Event, EventKind, Step, StepState
 from .conftest import make_task, model_env, start_runloop, step, wait_for
 from .support.llm_server import Body, ModelServer, Raw, calls, commit, say
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite_only]
+# whatever the endpoint answers: database-independent, tried on the SQLite run
 
 REPLY_BYTES = 8192  # LOOP_LLM_MAX_REPLY_BYTES of the worker under test, so sizes are cheap
 MAX_CALLS = 6

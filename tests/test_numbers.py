@@ -24,6 +24,9 @@ from loop.web.consumers import BAD_REQUEST, LiveConsumer
 from .conftest import make_task, step
 from .test_admin_plan_edits import admin_client, form_index, open_form
 
+# the number reader: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 HOSTILE = ["²", "١٢", "１２", "12²", " 12", "12 ", "+12", "1_2", "0x1f", "1e3", "", "-", "9" * 40]
 
 

@@ -14,6 +14,9 @@ import pytest
 
 from .conftest import ROOT, process_env
 
+# settings' refusals: database-independent, tried on the SQLite run
+pytestmark = pytest.mark.sqlite_only
+
 
 @pytest.mark.parametrize(
     ("name", "value", "says"),

@@ -27,6 +27,8 @@ from .conftest import make_task, run_until_idle, step
 from .support.cuts import claimed_not_sent, cut, next_worker, sent_not_recorded
 from .support.sinks import Mailbox, Receiver, closed_url, smtp_server
 
+pytestmark = pytest.mark.sqlite_only  # the tools' own checks: tried on the SQLite run
+
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:

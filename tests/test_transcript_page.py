@@ -30,7 +30,8 @@ from .support.llm_server import call, calls, commit, tool_results
 from .test_dashboard_pages import logged_in
 from .test_live_consumer import connect_as, own_channel_layer  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite_only]
+# the transcript page: tried on the SQLite run
 
 LETTER = {"to": ["dad@example.com"], "subject": "This week", "body": "Dentist on Tuesday."}
 
