@@ -343,7 +343,7 @@ def _guard(
         if task.state in (TaskState.RUNNING, TaskState.BLOCKED):
             move_task(task, "pause", actor=actor, data={"reason": goals.CHANGED})
     elif decision is guard.Decision.FAIL_CAP:
-        _fail(step, actor, f"gave up after {step.attempts} attempts (max {step.max_attempts})")
+        _fail(step, actor, f"{gave_up(step.attempts)} (max {step.max_attempts})")
     elif decision is guard.Decision.WAIT:
         until = max(e.lease_until for e in step_effects if e.lease_until and _live(e, now))
         Task.objects.filter(pk=task.pk).update(run_after=until)
@@ -658,7 +658,7 @@ def _apply(task: Task, step: Step, verdict: Verdict, actor: str) -> None:
     else:
         error = verdict.error
         if verdict.kind == "retry":
-            error = f"gave up after {step.attempts} attempts: {error}"
+            error = f"{gave_up(step.attempts)}: {error}"
         _fail(step, actor, error)
         actions.after_step_failed(task, actor=actor)
 
@@ -721,3 +721,8 @@ def _repeatable(step: Step, tool: tools.Tool | None) -> bool:
         return False
     # A kind safe to repeat is, whatever its arguments: spare resolving them.
     return tool.safe_to_repeat or tool.repeatable(questions.asked_args(step))
+
+
+def gave_up(attempts: int) -> str:
+    """A failed step's reason begins with how often it was tried, in words."""
+    return f"gave up after {attempts} attempt{'' if attempts == 1 else 's'}"

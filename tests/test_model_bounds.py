@@ -114,7 +114,7 @@ def test_a_bad_reply_is_the_model_steps_failed_attempt_and_its_batch_keeps_its_v
     model, plain = beside()
     model = one_tick(worker, model, plain)
     assert model.state == StepState.FAILED
-    assert model.error.startswith("gave up after 1 attempts: step 'm': ")
+    assert model.error.startswith("gave up after 1 attempt: step 'm': ")
     assert says in model.error
     [failed] = Event.objects.filter(step=model, kind=EventKind.STEP_FAILED)
     assert failed.data["error"] == model.error  # journaled
@@ -207,7 +207,7 @@ def test_a_reply_over_the_size_limit_is_not_kept_and_costs_the_attempt(
     model = one_tick(worker, model, plain)
     assert model.state == StepState.FAILED
     assert model.error == (
-        "gave up after 1 attempts: step 'm': the reply is more than 4096 bytes "
+        "gave up after 1 attempt: step 'm': the reply is more than 4096 bytes "
         "(LOOP_LLM_MAX_REPLY_BYTES): not kept"
     )
     assert not any("xxxx" in e.content for e in transcript.entries(model))
@@ -378,7 +378,7 @@ def test_a_model_judge_that_breaks_is_its_steps_retry_not_the_ticks(
     model = one_tick(worker, model, plain)
     assert model.state == StepState.FAILED
     assert (
-        model.error == "gave up after 1 attempts: step 'm': RuntimeError: a bug in the model judge"
+        model.error == "gave up after 1 attempt: step 'm': RuntimeError: a bug in the model judge"
     )
 
 
@@ -418,4 +418,4 @@ def test_a_judge_that_breaks_on_a_batch_performs_each_step_alone(
         # the three ran in one batch: each saw the others running
         assert done[key].output["running_side_effect"] == sorted(keys)
     assert done["bomb"].state == StepState.FAILED
-    assert done["bomb"].error == "gave up after 1 attempts: step 'bomb': RuntimeError: boom"
+    assert done["bomb"].error == "gave up after 1 attempt: step 'bomb': RuntimeError: boom"
