@@ -151,6 +151,10 @@ def seeded(transactional_db: None, settings: Any) -> dict[str, Any]:
     return {**tasks, "runner": runner}
 
 
+# URLs a person never reads as a page: JSON for machines, a POST-only endpoint, a script.
+NOT_PAGES = {"healthz", "push_key", "push_subscribe", "service_worker"}
+
+
 def named_pages(tasks: dict[str, Task]) -> list[str]:
     """The one place pages are named: every `loop` URL that takes no argument and answers GET,
     and the pages of the seeded tasks and their steps."""
@@ -159,7 +163,7 @@ def named_pages(tasks: dict[str, Task]) -> list[str]:
     found = []
     for pattern in urls.urlpatterns:
         assert isinstance(pattern, URLPattern)
-        if pattern.name and not pattern.pattern.regex.groups and pattern.name != "healthz":
+        if pattern.name and not pattern.pattern.regex.groups and pattern.name not in NOT_PAGES:
             found.append(reverse(f"loop:{pattern.name}"))
     found += [reverse("loop:task", args=[t.pk]) for t in tasks.values() if isinstance(t, Task)]
     found += [reverse("admin:index")]

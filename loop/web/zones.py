@@ -7,6 +7,7 @@ import zoneinfo
 from collections.abc import Callable
 from functools import cache
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -31,7 +32,12 @@ class ActiveZone:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        name = of(getattr(request, "user", None))
+        try:
+            name = of(getattr(request, "user", None))
+        except DatabaseError:
+            # The database is down: the site's zone; the view meets the same error and
+            # answers 503 with the reason (loop/web/unavailable.py), the one way it is said.
+            name = ""
         if name in known():
             timezone.activate(zoneinfo.ZoneInfo(name))
         else:

@@ -11,7 +11,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from ... import task_search
-from ...models import Schedule, Step, StepState, TaskState
+from ...models import TASK_STATE_WORDS, Schedule, Step, StepState, TaskState
 from . import context
 
 
@@ -58,7 +58,7 @@ def tasks_page(request: HttpRequest) -> HttpResponse:
 
     states = [
         (state, label, found.counts.get(state, 0), link(state=state, page=1))
-        for state, label in TaskState.choices
+        for state, label in TASK_STATE_WORDS.items()
     ]
     return render(
         request,
