@@ -10,8 +10,11 @@ and every result is committed before the next call or request (the durable trans
 turn costs one request plus 1 + calls transcript commits. Loop time = wall time of the run
 minus the server's time answering (measured inside the server, from the request read to the
 answer written): the openai client, the transcript writes, the tools, the step's start and
-verdict. Printed per turn and per tool call; the machine's load too (figures on a shared
-machine are noisy).
+verdict. Split in two: a tool call's own time (checking the call, running the tool, its
+result's commit: `Tick.answer`) per tool call, and the rest per turn (the request built and
+sent, the reply parsed and committed, the step's start and verdict shared by its turns).
+Before them, the whole loop time divided by turns and by tool calls, as earlier versions
+printed it. The machine's load too (figures on a shared machine are noisy).
 """
 
 from __future__ import annotations
@@ -42,6 +45,22 @@ def setup_django(folder: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
+def timing(owner: Any, name: str) -> list[float]:
+    """`owner.name` made to add the seconds each call of it takes to the list returned."""
+    spent = [0.0]
+    func = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - began
+
+    setattr(owner, name, timed)
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20)
@@ -56,6 +75,7 @@ def main() -> None:
         from django.conf import settings
 
         from loop import actions, llm, plans
+        from loop.judges import model as model_judge
         from loop.models import Step, StepState, TranscriptEntry
         from loop.permissions import SYSTEM
         from loop.worker import Worker
@@ -67,17 +87,8 @@ def main() -> None:
                 return calls(*[("echo", {"value": [said, c]}) for c in range(options.calls)])
             return commit(output=said)
 
-        in_client = [0.0]
-        complete = llm.complete
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return complete(*args, **kwargs)
-            finally:
-                in_client[0] += time.perf_counter() - began
-
-        llm.complete = timed  # type: ignore[assignment]
+        in_client = timing(llm, "complete")  # the openai client, and the server's answer
+        in_calls = timing(model_judge.Tick, "answer")  # a tool call, its result's commit
         with ModelServer(script) as model:
             settings.LOOP_LLM_BASE_URL = model.base_url
             settings.LOOP_LLM_MAX_TURNS = options.turns + 2
@@ -94,7 +105,7 @@ def main() -> None:
             while runner.tick():
                 pass
             served_before, asked_before = model.server_seconds, len(model.requests)
-            in_client[0] = 0.0
+            in_client[0] = in_calls[0] = 0.0
             calls_before = TranscriptEntry.objects.filter(role="tool").count()
             for _ in range(options.tasks):
                 actions.create_task(plan=spec, actor="bench", user=SYSTEM)
@@ -112,8 +123,12 @@ def main() -> None:
             f"{options.tasks} model steps, {turns} model turns, {tool_calls} tool calls "
             f"(commit_step included) in {wall:.2f} s; the server answered for {served:.2f} s"
         )
-        print(f"loop time per turn: {1000 * loop / turns:.2f} ms")
-        print(f"loop time per tool call: {1000 * loop / tool_calls:.2f} ms")
+        print(f"loop time, all of it, per turn: {1000 * loop / turns:.2f} ms")
+        print(f"loop time, all of it, per tool call: {1000 * loop / tool_calls:.2f} ms")
+        calls_ms = 1000 * in_calls[0] / tool_calls
+        turn_ms = 1000 * (loop - in_calls[0]) / turns
+        print(f"a tool call's own time: {calls_ms:.2f} ms (target < 2)")
+        print(f"a turn's own time, its tool calls aside: {turn_ms:.2f} ms (target < 5)")
         client = in_client[0] - served
         print(
             f"of which the openai client (request out, reply parsed): {1000 * client / turns:.2f} ms"

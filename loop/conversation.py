@@ -69,8 +69,11 @@ def _in_commit_order() -> None:
 
 
 def latest_id() -> int | None:
-    """The id of the conversation's latest message: one lookup on the primary key's index."""
-    return Message.objects.order_by("-id").values_list("id", flat=True).first()
+    """The id of the conversation's latest message: one lookup on the primary key's index
+    (a statement of its own, not compiled: each request of a model step asks it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MAX(id) FROM {Message._meta.db_table}")  # noqa: S608
+        return cursor.fetchone()[0]  # type: ignore[no-any-return]
 
 
 def standing(task: Task, step: Step) -> bool:
@@ -121,24 +124,29 @@ SPEAKERS: dict[str, str] = {
 }
 
 
-def for_model(task: Task) -> str:
-    """The conversation as the model reads it in every request of the task's steps: the
-    messages since Dad's latest before the task was created (his last word, and all that
-    followed: a schedule's run, Pippa's answers), at most LOOP_LLM_CONVERSATION_MESSAGES of
-    them (the newest), each cut to LOOP_LLM_RESULT_CHARS, with a note of what was left out:
-    never silently. "" when there is nothing to read."""
-    limit = int(settings.LOOP_LLM_CONVERSATION_MESSAGES)
+def start_of(task: Task) -> Q:
+    """Where the conversation the task's model steps read begins: Dad's latest message before
+    the task was created (or the message it came from), else the task's creation. Fixed for
+    the task: every message written since is after it."""
     before = (
         Message.objects.filter(created_at__lt=task.created_at, author_kind=AuthorKind.USER)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()
     )
-    since = Message.objects.filter(
-        Q(id__gte=before or task.origin_message_id or 0)
-        if before or task.origin_message_id
-        else Q(created_at__gte=task.created_at)
-    )
+    if before or task.origin_message_id:
+        return Q(id__gte=before or task.origin_message_id)
+    return Q(created_at__gte=task.created_at)
+
+
+def for_model(task: Task, start: Q | None = None) -> str:
+    """The conversation as the model reads it in every request of the task's steps: the
+    messages since Dad's latest before the task was created (his last word, and all that
+    followed: a schedule's run, Pippa's answers), at most LOOP_LLM_CONVERSATION_MESSAGES of
+    them (the newest), each cut to LOOP_LLM_RESULT_CHARS, with a note of what was left out:
+    never silently. "" when there is nothing to read. `start`: `start_of(task)`, if known."""
+    limit = int(settings.LOOP_LLM_CONVERSATION_MESSAGES)
+    since = Message.objects.filter(start_of(task) if start is None else start)
     found = list(reversed(since.order_by("-id")[: limit + 1]))
     if not found:
         return ""

@@ -390,12 +390,33 @@ def _update_rows(
 
 
 @cache
-def insert_sql(model: type[Model], names: tuple[str, ...], *, returning: bool = True) -> str:
+def _insert_one(model: type[Model], names: tuple[str, ...]) -> str:
     columns = ", ".join(_q(_field(model, n).column) for n in names)
     marks = ", ".join("%s" for _ in names)
     pk = _q(model._meta.pk.column)  # type: ignore[union-attr]
-    tail = f" RETURNING {pk}" if returning else ""
-    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}){tail}"  # noqa: S608
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}"  # noqa: S608
+
+
+def create(model: type[M], values: dict[str, Any]) -> M:
+    """A new row from these values and the model's defaults, its primary key the database's,
+    as `objects.create` would write it (for models without auto_now fields or save()
+    overrides), with a statement built once per model: a model step's transcript entries,
+    several per turn, each of which `objects.create` would compile anew."""
+    obj = model(**values)
+    conn = connections["default"]
+    concrete = [f for f in model._meta.concrete_fields if not f.primary_key]
+    params = [
+        v
+        if type(v := getattr(obj, f.attname)) is (kind := _kind(f))[0]
+        else _prep(f, v, conn, kind)
+        for f in concrete
+    ]
+    with _cursor(conn) as cursor:
+        cursor.execute(_insert_one(model, tuple(f.name for f in concrete)), params)
+        obj.pk = cursor.fetchone()[0]
+    obj._state.adding = False
+    obj._state.db = conn.alias
+    return obj
 
 
 def create_many(model: type[M], values: list[dict[str, Any]]) -> list[M]:

@@ -19,10 +19,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Count, Sum
 
-from . import journal
+from . import journal, sql
 from .models import Event, EventKind, Step, TranscriptEntry
 
 Role = TranscriptEntry.Role
@@ -72,14 +72,12 @@ def entries(step: Step) -> list[TranscriptEntry]:
     return list(TranscriptEntry.objects.filter(step_id=step.pk).order_by("seq"))
 
 
-def _next_seq(step: Step) -> int:
-    last = (
-        TranscriptEntry.objects.filter(step_id=step.pk)
-        .order_by("-seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
-    return 0 if last is None else last + 1
+def _read(step: Step, *, whole: bool) -> Rows:
+    """The step's entries in order: `whole`, or only what a writer checks and numbers by."""
+    if whole:
+        return entries(step)
+    found = TranscriptEntry.objects.filter(step_id=step.pk).order_by("seq")
+    return list(found.only("seq", "role", "tool_calls", "tool_call_id"))
 
 
 def _journaled(
@@ -97,21 +95,14 @@ def _journaled(
     return entry
 
 
-def add(step: Step, role: str, content: str, *, actor: str = "") -> TranscriptEntry:
+def add(
+    step: Step, role: str, content: str, *, actor: str = "", rows: Rows | None = None
+) -> TranscriptEntry:
     """A system or user message."""
     assert role in (Role.SYSTEM, Role.USER), role
     content, change = clean(content)
     changes = [change] if change else []
-    with transaction.atomic():
-        entry = TranscriptEntry.objects.create(
-            task_id=step.task_id,
-            step_id=step.pk,
-            attempt=step.attempts,
-            seq=_next_seq(step),
-            role=role,
-            content=_cleaned(content, changes),
-        )
-        return _journaled(entry, step, actor, changes)
+    return _added(step, rows, actor, changes, role=role, content=_cleaned(content, changes))
 
 
 def add_reply(
@@ -122,6 +113,7 @@ def add_reply(
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
     actor: str = "",
+    rows: Rows | None = None,
 ) -> TranscriptEntry:
     """The model's reply with its calls, in one row: committed before any call runs."""
     content, change = clean(content)
@@ -134,56 +126,101 @@ def add_reply(
             if change:
                 changes.append(f"call {n}'s {name}: {change}")
         kept.append(one)
-    with transaction.atomic():
-        entry = TranscriptEntry.objects.create(
-            task_id=step.task_id,
-            step_id=step.pk,
-            attempt=step.attempts,
-            seq=_next_seq(step),
-            role=Role.ASSISTANT,
-            content=_cleaned(content, changes),
-            tool_calls=kept,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
-        return _journaled(entry, step, actor, changes)
+    return _added(
+        step,
+        rows,
+        actor,
+        changes,
+        role=Role.ASSISTANT,
+        content=_cleaned(content, changes),
+        tool_calls=kept,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
 
 
 def add_result(
-    step: Step, call_id: str, content: str, effect_id: str = "", *, actor: str = ""
+    step: Step,
+    call_id: str,
+    content: str,
+    effect_id: str = "",
+    *,
+    actor: str = "",
+    rows: Rows | None = None,
 ) -> TranscriptEntry:
     """The one result of the call `call_id`: refused (`Orphan`) unless that call is in the
     step's transcript without a result."""
     content, change = clean(content)
     changes = [change] if change else []
-    with transaction.atomic():
-        # One read for the checks and the next seq: each row's seq, role, calls, result's call.
-        rows = list(
-            TranscriptEntry.objects.filter(step_id=step.pk).values_list(
-                "seq", "role", "tool_calls", "tool_call_id"
-            )
-        )
-        asked = any(
+
+    def unanswered(held: list[TranscriptEntry]) -> None:
+        if not any(
             call.get("id") == call_id
-            for _, role, calls, _ in rows
-            if role == Role.ASSISTANT
-            for call in calls or []
-        )
-        if not asked:
+            for r in held
+            if r.role == Role.ASSISTANT
+            for call in r.tool_calls or []
+        ):
             raise Orphan(f"step '{step.key}': no call {call_id!r} in its transcript")
-        if any(role == Role.TOOL and answered == call_id for _, role, _, answered in rows):
+        if any(r.role == Role.TOOL and r.tool_call_id == call_id for r in held):
             raise Orphan(f"step '{step.key}': call {call_id!r} has its result already")
-        entry = TranscriptEntry.objects.create(
-            task_id=step.task_id,
-            step_id=step.pk,
-            attempt=step.attempts,
-            seq=max(seq for seq, *_ in rows) + 1,  # a call was asked: there is a row
-            role=Role.TOOL,
-            content=_cleaned(content, changes),
-            tool_call_id=call_id,
-            effect_id=effect_id,
-        )
-        return _journaled(entry, step, actor, changes)
+
+    return _added(
+        step,
+        rows,
+        actor,
+        changes,
+        check=unanswered,
+        role=Role.TOOL,
+        content=_cleaned(content, changes),
+        tool_call_id=call_id,
+        effect_id=effect_id,
+    )
+
+
+# The step's transcript as a caller holds it (`entries`), kept whole by the writers it is given
+# to: each new entry is appended. A model step's tick holds it, so a turn reads nothing back.
+Rows = list[TranscriptEntry]
+
+
+def _added(
+    step: Step,
+    rows: Rows | None,
+    actor: str,
+    changes: list[str],
+    *,
+    check: Any = None,
+    **fields: Any,
+) -> TranscriptEntry:
+    """The step's next entry, journaled, in one transaction (or the caller's): checked by
+    `check` against the transcript and numbered after its last entry. Given the caller's
+    `rows`, those are the transcript (nothing read) and get the entry; if another writer
+    numbered an entry meanwhile (a holder whose lease moved on), the unique (step, seq) refuses
+    this one, and the transcript is read and checked again."""
+    for held in (rows, None) if rows is not None else (None,):
+        current = held if held is not None else _read(step, whole=rows is not None)
+        if check is not None:
+            check(current)
+        try:
+            with transaction.atomic():
+                entry = sql.create(
+                    TranscriptEntry,
+                    {
+                        "task_id": step.task_id,
+                        "step_id": step.pk,
+                        "attempt": step.attempts,
+                        "seq": current[-1].seq + 1 if current else 0,
+                        **fields,
+                    },
+                )
+                _journaled(entry, step, actor, changes)
+        except IntegrityError:
+            if held is None:
+                raise
+            continue
+        if rows is not None:
+            rows[:] = [*current, entry]
+        return entry
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

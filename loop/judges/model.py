@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -71,9 +71,9 @@ from .prompt import (
     SAY,
     SYSTEM_TEXT,
     VERDICTS,
+    Context,
     as_text,
     briefing,
-    context,
     cut,
     model_name,
     offered,
@@ -121,6 +121,9 @@ class Tick:
     step: Step
     holder: effects.Holder
     used_authorization: bool = False  # Dad's answer covers one call
+    # The step's transcript as this tick read it, and every entry it wrote since.
+    rows: list[TranscriptEntry] = field(default_factory=list)
+    context: Context | None = None  # read at its first request
 
     @property
     def where(self) -> str:
@@ -128,24 +131,21 @@ class Tick:
 
     def run(self) -> Verdict | Fenced:
         step = self.step
-        rows = transcript.entries(step)
+        rows = self.rows = transcript.entries(step)  # kept whole by every write below
         if not rows:
-            transcript.add(step, transcript.Role.SYSTEM, SYSTEM_TEXT, actor=self.holder.actor)
+            self._add(transcript.Role.SYSTEM, SYSTEM_TEXT)
         resumed = transcript.dangling(rows)
         for one in resumed:
             stop = self.answer(one.entry, one.index, one.call)
             if stop is not None:
                 return stop
-        rows = transcript.entries(step)
         ended = self._committed(rows) if resumed else None
         if ended is not None:
             return ended  # the reply answered now ended the step
         if not any(r.role == transcript.Role.USER and r.attempt == step.attempts for r in rows):
-            transcript.add(step, transcript.Role.USER, briefing(step), actor=self.holder.actor)
+            self._add(transcript.Role.USER, briefing(step))
         specs = tool_specs(step)
-        rows = []  # the transcript as last read, while nothing was written since ([]: read it)
         for _ in range(int(settings.LOOP_LLM_MAX_TURNS)):
-            rows = rows or transcript.entries(step)
             spent = self._over_budget(rows)
             if spent is not None:
                 return spent
@@ -161,6 +161,7 @@ class Tick:
                 prompt_tokens=answer.prompt_tokens,
                 completion_tokens=answer.completion_tokens,
                 actor=self.holder.actor,
+                rows=rows,
             )
             if not answer.tool_calls:
                 reminded = any(
@@ -171,14 +172,12 @@ class Tick:
                 )
                 if reminded:
                     return Verdict.retry(f"{self.where}: the model stopped without commit_step")
-                transcript.add(step, transcript.Role.USER, REMINDER, actor=self.holder.actor)
-                rows = []
+                self._add(transcript.Role.USER, REMINDER)
                 continue
             for index, one in enumerate(entry.tool_calls):
                 stop = self.answer(entry, index, one)
                 if stop is not None:
                     return stop
-            rows = transcript.entries(step)
             ended = self._committed(rows)
             if ended is not None:
                 return ended
@@ -187,12 +186,23 @@ class Tick:
             "(LOOP_LLM_MAX_TURNS) without commit_step"
         )
 
+    def _add(self, role: str, content: str) -> None:
+        transcript.add(self.step, role, content, actor=self.actor, rows=self.rows)
+
+    def _result(self, call_id: str, content: str, effect_id: str = "") -> None:
+        """The call's result, in the step's transcript as this tick holds it."""
+        transcript.add_result(
+            self.step, call_id, content, effect_id, actor=self.actor, rows=self.rows
+        )
+
     def _request(self, rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
         """The step's transcript as chat messages, with what every request carries read anew
         (the conversation, Dad's answers: `prompt.context`) after the system message: a
         message Dad writes while the step runs is in its next request."""
         messages = transcript.messages(rows)
-        extra = context(self.step)
+        if self.context is None:
+            self.context = Context(self.step)
+        extra = self.context.text()
         if extra:
             at = 1 if messages and messages[0]["role"] == "system" else 0
             messages.insert(at, {"role": "system", "content": extra})
@@ -275,9 +285,7 @@ class Tick:
             if problem:
                 self._refuse(call_id, name, problem)
             else:
-                transcript.add_result(
-                    self.step, call_id, f"committed: {args['verdict']}", actor=self.holder.actor
-                )
+                self._result(call_id, f"committed: {args['verdict']}")
             return None
         if name == ADD_STEPS:
             self._add_steps(call_id, args)
@@ -303,9 +311,7 @@ class Tick:
             self._refuse(call_id, name, "; ".join(problems))
             return None
         if not tool.side_effect:
-            transcript.add_result(
-                self.step, call_id, cut(self._read(tool, args)), actor=self.holder.actor
-            )
+            self._result(call_id, cut(self._read(tool, args)))
             return None
         edited = transcript.edit_of(self.step, call_id)  # Dad's "Edit, then allow"
         return self._side_effect(entry, index, call_id, tool, args if edited is None else edited)
@@ -339,9 +345,7 @@ class Tick:
             elif any(text.startswith(ALREADY) for text in answered):
                 return self._ask(tool, args, again=latest)  # told, and made again: ask Dad
             else:
-                transcript.add_result(
-                    step, call_id, cut(_already(latest)), effect_id=latest.pk, actor=self.actor
-                )
+                self._result(call_id, cut(_already(latest)), latest.pk)
                 return None
         unsent = latest is None or latest.state == EffectState.PENDING or again > latest.again
         covered = allowed or (unsent and self._authorized(tool.name, args))
@@ -351,15 +355,13 @@ class Tick:
         [outcome] = effects.send_all([request])
         key = request.effect_id
         if isinstance(outcome, Done):
-            transcript.add_result(
-                step, call_id, cut(_done_text(outcome, key)), effect_id=key, actor=self.actor
-            )
+            self._result(call_id, cut(_done_text(outcome, key)), key)
         elif isinstance(outcome, Rejected):
             text = f"error: {outcome.error}"
-            transcript.add_result(step, call_id, text, effect_id=key, actor=self.actor)
+            self._result(call_id, text, key)
         elif isinstance(outcome, NotSent):
             text = f"error: not sent: {outcome.error} (try again later)"
-            transcript.add_result(step, call_id, text, effect_id=key, actor=self.actor)
+            self._result(call_id, text, key)
         elif isinstance(outcome, Uncertain):
             return Verdict.blocked(f"{self.where}: may have happened: {outcome}")
         elif isinstance(outcome, Busy):
@@ -451,7 +453,7 @@ class Tick:
                     user=Pippa(step.task_id, step.key, step.attempts),
                 )
                 keys = ", ".join(s.key for s in added)
-                transcript.add_result(step, call_id, ADDED + keys, actor=self.holder.actor)
+                self._result(call_id, ADDED + keys)
         except (plans.PlanError, actions.Refused, Forbidden) as exc:
             self._refuse(call_id, ADD_STEPS, f"refused: {exc}")
 
@@ -483,7 +485,7 @@ class Tick:
                 user=Pippa(step.task_id, step.key, step.attempts),
                 task_id=step.task_id,
             )
-            transcript.add_result(step, call_id, f"said (message {message.pk})", actor=self.actor)
+            self._result(call_id, f"said (message {message.pk})")
 
     def _propose(self, call_id: str, name: str, args: dict[str, Any]) -> None:
         """A conversation turn's proposal of a task or a schedule (`turns.propose`,
@@ -497,7 +499,7 @@ class Tick:
                 else:
                     message = turns.propose_schedule(self.step, args)
                     said = f"proposed in message {message.pk}: it waits for Dad's approval"
-                transcript.add_result(self.step, call_id, said, actor=self.actor)
+                self._result(call_id, said)
         except (plans.PlanError, actions.Refused, Forbidden) as exc:
             self._refuse(call_id, name, f"refused: {exc}")
 
@@ -510,7 +512,7 @@ class Tick:
                 tool=name,
                 why=why,
             )
-            transcript.add_result(self.step, call_id, f"error: {why}", actor=self.holder.actor)
+            self._result(call_id, f"error: {why}")
 
     def _after_commit(self, entry: TranscriptEntry, index: int) -> bool:
         """Whether an earlier call of this reply was a valid commit_step."""

@@ -239,17 +239,37 @@ def briefing(step: Step) -> str:
     return "\n".join(lines)
 
 
-def context(step: Step) -> str:
-    """What every request of the step carries besides its transcript, read anew for each
-    (DESIGN.md §10, §17): the conversation with Dad, and Dad's answers to the questions of
-    the step's task with his words (a denial of a tool step's call, and why, included: Pippa
-    may propose a replacement). "" when there is neither."""
-    from .. import conversation
+class Context:
+    """What every request of a step's tick carries besides its transcript (DESIGN.md §10,
+    §17): the conversation with Dad, read anew for each request that a message came before
+    (he may write while the step runs), and Dad's answers to the questions of the step's task with his words (a denial of
+    a tool step's call, and why, included: Pippa may propose a replacement), read once: he
+    answers only a blocked step, and no step of a task is blocked while one of its steps
+    runs. `text()` is "" when there is neither."""
 
-    parts = []
-    talk = conversation.for_model(step.task)
-    if talk:
-        parts.append(talk)
+    def __init__(self, step: Step) -> None:
+        from .. import conversation
+
+        self.step = step
+        self.start = conversation.start_of(step.task)
+        self.answers = _answers(step)
+        self.talk: tuple[int | None, str] | None = None  # as read after that latest message
+
+    def text(self) -> str:
+        from .. import conversation
+
+        latest = conversation.latest_id()
+        if self.talk is None or self.talk[0] != latest:
+            self.talk = (latest, conversation.for_model(self.step.task, self.start))
+        parts = [self.talk[1]] if self.talk[1] else []
+        if self.answers:
+            parts.append("Dad's answers to this task's questions (oldest first):")
+            parts.extend(self.answers)
+        return "\n".join(parts)
+
+
+def _answers(step: Step) -> list[str]:
+    """Dad's latest answers to the questions of the step's task, oldest first."""
     answers = []
     for key, data, at in (
         Event.objects.filter(task_id=step.task_id, kind=EventKind.DECISION)
@@ -263,10 +283,7 @@ def context(step: Step) -> str:
         if edited:
             said += f" (Dad edited the call's arguments to {as_text(edited.get('after'))})"
         answers.append(f"{said}: {note}" if note else said)
-    if answers:
-        parts.append("Dad's answers to this task's questions (oldest first):")
-        parts.extend(reversed(answers))
-    return "\n".join(parts)
+    return list(reversed(answers))
 
 
 ANSWERS = 10  # the latest answers to a task's questions that its model requests carry
