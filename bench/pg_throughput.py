@@ -293,9 +293,13 @@ def main() -> None:
         help="the sink not in LOOP_IDEMPOTENT_RECEIVERS: Pippa sends one effect at a time",
     )
     parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the kinds of steps to measure, comma-separated"
+    )
+    parser.add_argument(
         "--explain", action="store_true", help="only split a Pippa step's time, in process"
     )
     options = parser.parse_args()
+    kinds = [kind for kind in KINDS if kind in options.kinds.split(",")]
     if options.explain:
         UNLISTED[0] = options.unlisted
         (ROOT / "var").mkdir(exist_ok=True)
@@ -303,7 +307,7 @@ def main() -> None:
         pg.setup_django(pg.fresh_database(options.pg, "pgbench_explain"), folder)
         sink, port = Sink.apart()
         try:
-            for kind in KINDS:
+            for kind in kinds:
                 print(json.dumps(explain(kind, f"http://127.0.0.1:{port}/hook")), flush=True)
         finally:
             sink.kill()
@@ -312,6 +316,8 @@ def main() -> None:
         options.tasks, options.steps, options.effect_steps = 32, 40, 8
     counts = [int(w) for w in options.workers.split(",")]
     steps = {"read-only": options.steps, "side-effect": options.effect_steps}
+    if not kinds:
+        raise SystemExit(f"--kinds: one or more of {', '.join(KINDS)}")
     python = dbos_python()
     print(f"before: {pg.load()}", flush=True)
     sink, port = Sink.apart()
@@ -331,7 +337,7 @@ def main() -> None:
         # DBOS makes its tables
         dbos_rate(python, dbos_db, "read-only", 1, 1, 1, url, durable_start=True)
         for n in range(options.rounds):
-            for kind in KINDS:
+            for kind in kinds:
                 for workers in counts:
                     for system in SYSTEMS:
                         if system == "pippa":
@@ -349,12 +355,13 @@ def main() -> None:
                         )
     finally:
         sink.kill()
-    report(rates, counts, options, steps)
+    report(rates, counts, kinds, options, steps)
 
 
 def report(
     rates: dict[tuple[str, str, int], list[float]],
     counts: list[int],
+    kinds: list[str],
     options: argparse.Namespace,
     steps: dict[str, int],
 ) -> None:
@@ -382,7 +389,7 @@ def report(
     print(head)
     print("-" * len(head))
     figures: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in kinds:
         for workers in counts:
             durable, outputs = ratio(kind, workers, "dbos"), ratio(kind, workers, "dbos-outputs")
             cpu = ", ".join(
@@ -400,7 +407,7 @@ def report(
                 "ratio_outputs_only": round(outputs, 2),
             }
     print("(CPU ms/step: " + ", ".join(SYSTEMS.values()) + ")")
-    for kind in KINDS:
+    for kind in kinds:
         one, most = rates[("pippa", kind, min(counts))], rates[("pippa", kind, max(counts))]
         verdict = ">=" if pg.median(most) >= pg.median(one) else "<"
         print(

@@ -8,7 +8,7 @@ one transaction.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from django.db import transaction
 from django.db.models import F, Max
@@ -59,20 +59,32 @@ class Refused(Exception):
 # ---- the task rules, shared by every caller --------------------------------------------------
 
 
-def follow(task: Task, *, actor: str) -> None:
+def follow(
+    task: Task,
+    *,
+    actor: str,
+    current: Step | None | Literal["unread"] = "unread",
+    let_go: bool = False,
+) -> None:
     """Move the task to match its steps: blocked while its current step is blocked, back to
     running when it is not, done or failed when nothing runnable remains; a task Pippa plans
-    as its planning step says (`_follow_plan`). In a transaction."""
+    as its planning step says (`_follow_plan`). In a transaction. `current`: the task's first
+    open step (or None), if the caller read it in this transaction; `let_go`: the caller's
+    lease of the task is given up in the statement that ends it (a worker at a task's end)."""
     if task.ended:
         return
     if goals.planning(task):
         _follow_plan(task, actor=actor)
         return
-    # Through the partial indexes step_open and step_failed: never the task's done steps.
-    current = open_steps.first_open([task.pk]).get(task.pk)
+    if current == "unread":
+        # Through the partial indexes step_open and step_failed: never the task's done steps.
+        current = open_steps.first_open([task.pk]).get(task.pk)
     if current is None:
         settled = not open_steps.has_unwaived_failure(task.pk)
-        move_task(task, "finish" if settled else "fail", actor=actor, fields={"run_after": None})
+        fields: dict[str, Any] = {"run_after": None}
+        if let_go:
+            fields |= {"lease_owner": None, "lease_until": None}
+        move_task(task, "finish" if settled else "fail", actor=actor, fields=fields)
     elif current.state == StepState.BLOCKED:
         if task.state == TaskState.RUNNING:
             move_task(task, "block", actor=actor)

@@ -368,9 +368,10 @@ def _perform_all(
     with transaction.atomic(), journal.batched():
         # The usual case, every effect done, in one statement; any other outcome one by one.
         done = [(c, reply) for c, reply in settled if not isinstance(reply, Exception)]
-        together = _moved_together([c for c, _ in done], [reply for _, reply in done])
+        left = _moved_together([c for c, _ in done], [reply for _, reply in done]) if done else []
+        moved = {effect.pk for (_, effect), _ in done} - {effect.pk for _, effect in left}
         for (request, effect), reply in settled:
-            if together and _ok(reply):
+            if effect.pk in moved:
                 outcomes[request] = Done(dict(effect.response or {}))
                 continue
             outcomes[request] = outcome = _settle_outcome(request, effect, reply)
@@ -384,41 +385,36 @@ def _perform_all(
 
 def record_receipts(receipts: Sequence[Receipt]) -> None:
     """Inside the caller's transaction (the commit of the steps' verdicts): the success of
-    each of these effects, as `send_all` would have written it (one statement for them all,
-    unless one had moved meanwhile: then one by one, a late one journaled `late_result`)."""
+    each of these effects, as `send_all` would have written it (one statement for them all;
+    one that had moved meanwhile is settled on its own, a late one journaled `late_result`)."""
     if not receipts:
         return
     claimed = [(r.request, r.effect) for r in receipts]
     with journal.batched():
-        if not _moved_together(claimed, [r.response for r in receipts]):
-            for receipt in receipts:
+        left = {effect.pk for _, effect in _moved_together(claimed, [r.response for r in receipts])}
+        for receipt in receipts:
+            if receipt.effect.pk in left:
                 _settle_outcome(receipt.request, receipt.effect, receipt.response)
 
 
-def _moved_together(claimed: list[Claimed], responses: list[dict[str, Any]]) -> bool:
-    """Inside the caller's transaction: the claimed effects (all `running`, each still this
-    holder's claim) `succeeded` with their responses, in one statement; False if any one of
-    them had moved meanwhile (then none did, and the caller settles them one by one)."""
+def _moved_together(claimed: list[Claimed], responses: list[dict[str, Any]]) -> list[Claimed]:
+    """Inside the caller's transaction: the claimed effects (all `running`) `succeeded` with
+    their responses, in one statement, each that is still this holder's claim; the others
+    (moved meanwhile: a late report, a peer's doubt) are returned as they were, for the caller
+    to settle one by one. No savepoint: a row that moved is simply not changed."""
     effects = [effect for _, effect in claimed]
-    if len(effects) < 2 or len({e.state for e in effects}) > 1:
-        return False
+    if len({e.state for e in effects}) > 1:
+        return claimed
     mine = [{"lease_owner": r.holder.owner, "lease_epoch": r.holder.epoch} for r, _ in claimed]
-    try:
-        with transaction.atomic():  # a savepoint: undone if any one of them had moved
-            actor = claimed[0][0].holder.actor
-            fields = [{"response": response} for response in responses]
-            move_effects(effects, "succeed", actor=actor, fields=fields, where=mine)
-    except Conflict:
-        return False
-    return True
+    actor = claimed[0][0].holder.actor
+    fields = [{"response": response} for response in responses]
+    moved = move_effects(effects, "succeed", actor=actor, fields=fields, where=mine, each=True)
+    done = {effect.pk for effect in moved}
+    return [(r, e) for r, e in claimed if e.pk not in done]
 
 
 # What a tool's run gave back: its response, or what it raised (classified at once, below).
 Reply = dict[str, Any] | Exception
-
-
-def _ok(reply: Reply) -> bool:
-    return not isinstance(reply, Exception)
 
 
 def _perform(claimed: list[Claimed]) -> list[Reply]:

@@ -298,6 +298,25 @@ def update_many(
     conditions, in one statement (`_update_rows`); the total row count. The compare-and-set of
     every state change (loop.transitions): a batch's starts, verdicts and effect claims, set-
     wise (commit f17186c), the statement built once per shape, not compiled."""
+    return len(_update_many(model, changes, where, returning=False))
+
+
+def update_each(
+    model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]]
+) -> set[Any]:
+    """`update_many`, telling which rows it changed: their primary keys (RETURNING). A
+    compare-and-set of several rows where each that still matches may move on its own."""
+    return set(_update_many(model, changes, where, returning=True))
+
+
+def _update_many(
+    model: type[Model],
+    changes: list[dict[str, Any]],
+    where: list[dict[str, Any]],
+    *,
+    returning: bool,
+) -> list[Any]:
+    """The rows changed: their primary keys if `returning`, else as many Nones."""
     conn = connections["default"]
     conds = tuple((name, value is None) for name, value in where[0].items())
     sql, fields = _update(model, tuple(changes[0]), conds)
@@ -312,16 +331,20 @@ def update_many(
                 for (field, kind), value in zip(fields, values, strict=True)
             ]
         )
-    count = 0
+    tail = f" RETURNING {_q(model._meta.db_table)}.{_q(model._meta.pk.column)}" if returning else ""  # type: ignore[union-attr]
+    changed: list[Any] = []
     with _cursor(conn) as cursor:
         for chunk in _chunks(params):
             if len(chunk) == 1:
-                cursor.execute(sql, chunk[0])
+                cursor.execute(sql + tail, chunk[0])
             else:
                 rows = _update_rows(model, tuple(changes[0]), conds, _count(chunk), conn.vendor)
-                cursor.execute(rows, _rows_params(chunk, conn.vendor))
-            count += cursor.rowcount
-    return count
+                cursor.execute(rows + tail, _rows_params(chunk, conn.vendor))
+            if returning:
+                changed += [row[0] for row in cursor.fetchall()]
+            else:
+                changed += [None] * cursor.rowcount
+    return changed
 
 
 ROWS_AT_ONCE = 500  # rows in one multi-row statement, well inside both databases' limits

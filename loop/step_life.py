@@ -267,7 +267,7 @@ def _guard(
     task, holder, step = held.task, held.holder, held.step
     actor = holder.actor
     if step is None or step.state == StepState.BLOCKED:
-        actions.follow(task, actor=actor)
+        actions.follow(task, actor=actor, current=step, let_go=not keeps_lease)
         _let_go(task, keeps_lease)
         return None
     tool = tools.find(step.tool)  # None if its app is gone: the judge fails it, naming it
@@ -623,6 +623,8 @@ def _let_go(task: Task, keeps_lease: bool) -> None:
     keeps its task between steps and the task is not finished."""
     if keeps_lease and task.state not in TASK.terminal:
         return
+    if task.lease_owner is None:
+        return  # let go already, by the statement that ended the task (`actions.follow`)
     lease.release(task)
 
 

@@ -26,11 +26,15 @@ def _cas_all(
     new_state: str,
     fields: list[dict[str, Any]],
     where: list[dict[str, Any]],
-) -> None:
+    *,
+    each: bool = False,
+) -> list[Step | Task | Effect]:
     """Compare-and-set these rows of one model in one statement: all of them move, or
     Conflict. After a Conflict the rows that matched have moved, in the database though not in
     memory: a caller that goes on after one undoes them (a savepoint around the call), one that
-    does not lets the whole transaction roll back."""
+    does not lets the whole transaction roll back. With `each`, every row that still matches
+    moves on its own and the others are left as they were: no Conflict, the rows that moved
+    returned (as every row is without it)."""
     model = type(objs[0])
     now = timezone.now()
     changes = []
@@ -43,11 +47,19 @@ def _cas_all(
     matches = [
         {pk: obj.pk, "state": obj.state, **match} for obj, match in zip(objs, where, strict=True)
     ]
-    if sql.update_many(model, changes, matches) != len(objs):
+    if each:
+        changed = sql.update_each(model, changes, matches)
+        moved = [
+            (obj, change) for obj, change in zip(objs, changes, strict=True) if obj.pk in changed
+        ]
+    elif sql.update_many(model, changes, matches) != len(objs):
         raise Conflict(", ".join(f"{obj} is no longer {obj.state}" for obj in objs))
-    for obj, change in zip(objs, changes, strict=True):
+    else:
+        moved = list(zip(objs, changes, strict=True))
+    for obj, change in moved:
         for name, value in change.items():
             setattr(obj, name, value)
+    return [obj for obj, _ in moved]
 
 
 def move_steps(
@@ -106,14 +118,18 @@ def move_effects(
     fields: list[dict[str, Any]],
     where: list[dict[str, Any]],
     data: dict[str, Any] | None = None,
-) -> None:
+    each: bool = False,
+) -> list[Effect]:
     """`move_effect` for several effects in one state, each with its own values for the same
-    fields and conditions, in one statement: all move, or Conflict (see `_cas_all`)."""
+    fields and conditions, in one statement: all move, or Conflict (see `_cas_all`); with
+    `each`, those that still match move and are journaled, the others are left as they were.
+    The effects that moved."""
     old = effects[0].state
     assert all(e.state == old for e in effects), "one statement moves effects of one state"
     new = EFFECT.check(old, event)
-    _cas_all(effects, new, fields, where)
-    for effect in effects:
+    moved = _cas_all(effects, new, fields, where, each=each)
+    for effect in moved:
+        assert isinstance(effect, Effect)
         journal.record(
             EventKind.EFFECT_STATE,
             task=effect.task_id,
@@ -124,6 +140,7 @@ def move_effects(
             new=new,
             **(data or {}),
         )
+    return moved  # type: ignore[return-value]
 
 
 def move_effect(

@@ -223,6 +223,33 @@ def test_a_receipt_carried_by_a_verdict_is_written_even_when_the_verdict_comes_t
     assert Event.objects.get(kind="late_result").step.key == "e1"
 
 
+def test_receipts_written_together_leave_one_that_moved_meanwhile_to_its_late_report(
+    worker: Worker,
+) -> None:
+    for n in range(3):
+        make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}")
+    with transaction.atomic():
+        begun = worker.claim_batch()
+    batch = [s for s in begun if isinstance(s, Started)]
+    verdicts, _ = worker.perform(batch)
+    assert all(len(v.receipts) == 1 for _, v in verdicts)  # performed, success not yet written
+    # A peer found e1's claim lapsed and made it uncertain before the verdicts' commit.
+    Effect.objects.filter(step__key="e1").update(state="uncertain")
+    worker.commit_batch(verdicts, [])
+    # One statement wrote e0's and e2's successes (no savepoint: e1's row, no longer
+    # running, was simply not changed); e1's success came as its late report, which settles
+    # it: it did happen.
+    assert dict(Effect.objects.values_list("step__key", "state")) == {
+        "e0": "succeeded",
+        "e1": "succeeded",
+        "e2": "succeeded",
+    }
+    assert Event.objects.get(kind="late_result").step.key == "e1"
+    assert "late report" in Effect.objects.get(step__key="e1").evidence
+    succeeded = Event.objects.filter(kind="effect_state", data__new="succeeded")
+    assert sorted(e.step.key for e in succeeded) == ["e0", "e1", "e2"]
+
+
 def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
     worker: Worker,
 ) -> None:
