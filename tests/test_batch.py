@@ -223,14 +223,19 @@ def test_a_receipt_carried_by_a_verdict_is_written_even_when_the_verdict_comes_t
     assert Event.objects.get(kind="late_result").step.key == "e1"
 
 
-def test_receipts_written_together_leave_one_that_moved_meanwhile_to_its_late_report(
-    worker: Worker,
-) -> None:
+def three_effect_steps(worker: Worker) -> list[Started]:
+    """Three tasks of a side-effect step each (safe to repeat), claimed and started together."""
     for n in range(3):
         make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}")
     with transaction.atomic():
         begun = worker.claim_batch()
-    batch = [s for s in begun if isinstance(s, Started)]
+    return [s for s in begun if isinstance(s, Started)]
+
+
+def test_receipts_written_together_leave_one_that_moved_meanwhile_to_its_late_report(
+    worker: Worker,
+) -> None:
+    batch = three_effect_steps(worker)
     verdicts, _ = worker.perform(batch)
     assert all(len(v.receipts) == 1 for _, v in verdicts)  # performed, success not yet written
     # A peer found e1's claim lapsed and made it uncertain before the verdicts' commit.
@@ -253,11 +258,7 @@ def test_receipts_written_together_leave_one_that_moved_meanwhile_to_its_late_re
 def test_effects_claimed_together_go_one_by_one_when_one_was_settled_meanwhile(
     worker: Worker,
 ) -> None:
-    for n in range(3):
-        make_task(step(f"e{n}", "test.seen_effect", args={}), title=f"e{n}")
-    with transaction.atomic():
-        begun = worker.claim_batch()
-    batch = [s for s in begun if isinstance(s, Started)]
+    batch = three_effect_steps(worker)
     assert len(batch) == 3
     Effect.objects.filter(step__key="e1").update(state="cancelled")  # by a person, meanwhile
     verdicts, _ = worker.perform(batch)
