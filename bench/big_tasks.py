@@ -6,8 +6,8 @@ such tasks running together, and does the API stay quick meanwhile?
 On a fresh SQLite file (or the PostgreSQL database given, which it migrates and adds to), it
 creates `--tasks` echo tasks of `--steps` steps (timing each creation), starts one real
 `runloop` and a real daphne, and while the worker runs the tasks, an agent (token from
-`manage.py agent_token`) keeps asking the API: GET /api/tasks/{id} of a small task, POST
-pause / resume of that task (its one step asks "May I do this?", so it only flips between
+`manage.py agent_token`, given the small task to drive) keeps asking the API: GET
+/api/tasks/{id} of a small task, POST pause / resume of that task (its one step asks "May I do this?", so it only flips between
 blocked, paused and running), and GET /api/events?after=… (the newest events). A GET of a big
 task (its whole plan, by contract) is sampled now and then, and reported apart.
 
@@ -58,6 +58,13 @@ small = actions.create_task(plan=plans.validate({"title": "small", "steps": [
     {"key": "ask", "tool": "file.write", "args": {"path": "bench.txt", "content": "x"},
      "confirm_before": True}]}), actor="bench", user=SYSTEM).pk
 print(json.dumps({"big": big, "small": small, "create_seconds": took}))
+"""
+GIVE = """
+import sys
+from loop import actions
+from loop.permissions import SYSTEM
+# The agent may pause and resume the small task: an agent acts on its own or given tasks.
+actions.give(task_id=int(sys.argv[-2]), agent=sys.argv[-1], actor="bench", user=SYSTEM)
 """
 TIMES = """
 import json, sys
@@ -225,14 +232,16 @@ def run(args: argparse.Namespace) -> int:
     big, small = made["big"], made["small"]
     secs = ", ".join(f"{s:.2f}" for s in made["create_seconds"])
     print(f"created {args.tasks} tasks of {args.steps} steps: {secs} s each")
+    name = f"bench-{uuid.uuid4().hex[:8]}"
     token = subprocess.run(
-        [*manage, "agent_token", f"bench-{uuid.uuid4().hex[:8]}", "--user", "bench"],
+        [*manage, "agent_token", name, "--user", "bench"],
         cwd=ROOT,
         env=env,
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split()[-1]
+    django(env, GIVE, str(small), name)
 
     port = free_port()
     log = open(data / "server.log", "ab")  # noqa: SIM115

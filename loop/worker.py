@@ -133,6 +133,8 @@ class Worker:
             )
             self.worker.refresh_from_db(fields=["started_at", "last_seen"])
             journal.record(EventKind.WORKER_STARTED, actor=self.actor, label=self.label, **data)
+        if self._link_since is None:
+            self._link_since = time.monotonic()  # the link held for this write: it is up
 
     def _reborn(self) -> None:
         """A peer found this worker dead (its heartbeat was stale) and settled its work: the

@@ -186,3 +186,19 @@ def test_a_reaper_whose_own_link_just_came_back_judges_no_peer_by_its_heartbeat(
     me._link_since -= settings.LOOP_WORKER_DEAD_AFTER  # its link has held that long since
     assert me.reap()["workers"] == 1
     assert WorkerRow.objects.get(pk=peer.worker_id).state == "dead"
+
+
+def test_a_worker_s_link_counts_from_its_registration(db: None, settings: Any) -> None:
+    """A worker's boot wrote its row over the link: the link has held since then, not since its
+    first heartbeat (LOOP_HEARTBEAT_SECONDS later), so a worker started just before a peer died
+    settles it LOOP_WORKER_DEAD_AFTER after both, not a heartbeat's period later."""
+    settings.LOOP_WORKER_DEAD_AFTER = 10
+    me = booted("me")
+    peer = booted("peer")
+    WorkerRow.objects.filter(pk=peer.worker_id).update(
+        boot_id="another-kernel", last_seen=clock.db_now(-30)
+    )
+    assert me.reap()["workers"] == 0  # just registered: its link has not held 10 s yet
+    assert me._link_since is not None
+    me._link_since -= settings.LOOP_WORKER_DEAD_AFTER  # no beat of its own since
+    assert me.reap()["workers"] == 1
