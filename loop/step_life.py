@@ -249,6 +249,8 @@ def _begin_held(
             )
         )
     _start_all(starts)
+    # The deferred tasks' leases, let go together.
+    lease.release_all([h.task for h, b in zip(held, begun, strict=True) if b is DEFERRED])
     return begun
 
 
@@ -273,8 +275,7 @@ def _guard(
     tool = tools.find(step.tool)  # None if its app is gone: the judge fails it, naming it
     repeatable = step.side_effect and _repeatable(step, tool)
     if step.side_effect and not (side_effects and (asking or repeatable)):
-        lease.release(task)
-        return DEFERRED
+        return DEFERRED  # its lease let go by the caller (`_begin_held`), with the others
     # A read-only step never has effects (the judge refuses side-effect tools for it),
     # nor does a step that never started.
     step_effects = list(step.effects.all()) if step.side_effect and step.attempts else []
