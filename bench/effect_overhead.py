@@ -195,22 +195,22 @@ def loop_steps_per_second(
     return total / (last.created_at - first.created_at).total_seconds()
 
 
-def explain(url: str, steps: int = 200, *, listed: bool = True) -> dict[str, Any]:
-    """Where a side-effect step's time goes, in an in-process worker (after django.setup), its
-    sink `listed` (batched, as the target figure is) or not (one at a time)."""
-    from django.conf import settings
+def split_ticks(runner: Any, steps: Any, digits: int = 2) -> dict[str, Any]:
+    """Tick the booted in-process `runner` until it is idle, and split its time per step of
+    `steps` (a queryset of the step_done events it made) into commits (fsync), executing SQL,
+    performing the effects (`effects._perform`: a batch's at once) and the rest (Python);
+    with its CPU time, statements and commits per step."""
     from django.db import connection
 
-    from loop import actions, effects, plans
-    from loop.models import Event, EventKind
-    from loop.permissions import SYSTEM
-    from loop.worker import Worker
+    from loop import effects
 
     spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
-    statements = commits = 0
+    counted = {"statements": 0, "commits": 0}
 
-    def timed(key: str, func: Any) -> Any:
+    def timed(key: str, func: Any, count: str = "") -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
+            if count:
+                counted[count] += 1
             began = time.perf_counter()
             try:
                 return func(*args, **kwargs)
@@ -220,13 +220,44 @@ def explain(url: str, steps: int = 200, *, listed: bool = True) -> dict[str, Any
         return run
 
     def sql(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
-        nonlocal statements
-        statements += 1
-        return timed("sql", execute)(query, params, many, context)
+        return timed("sql", execute, "statements")(query, params, many, context)
+
+    perform = effects._perform
+    effects._perform = timed("effect", perform)
+    connection.commit = timed("commit", connection.commit, "commits")  # type: ignore[method-assign]
+    began, cpu = time.perf_counter(), time.process_time()  # the sink runs in its own process
+    try:
+        with connection.execute_wrapper(sql):
+            while runner.tick():
+                pass
+    finally:
+        total, cpu = time.perf_counter() - began, time.process_time() - cpu
+        del connection.commit
+        effects._perform = perform
+    count = steps.count()
+    ms = {key: round(value / count * 1000, digits + 1) for key, value in spent.items()}
+    ms["python"] = round(total / count * 1000 - sum(ms.values()), digits + 1)
+    return {
+        "steps": count,
+        "ms_per_step": round(total / count * 1000, digits + 1),
+        "cpu_ms_per_step": round(cpu / count * 1000, digits + 1),
+        "split_ms": ms,
+        "statements_per_step": round(counted["statements"] / count, digits),
+        "commits_per_step": round(counted["commits"] / count, digits),
+    }
+
+
+def explain(url: str, steps: int = 200, *, listed: bool = True) -> dict[str, Any]:
+    """Where a side-effect step's time goes, in an in-process worker (after django.setup), its
+    sink `listed` (batched, as the target figure is) or not (one at a time)."""
+    from django.conf import settings
+
+    from loop import actions, plans
+    from loop.models import Event, EventKind
+    from loop.permissions import SYSTEM
+    from loop.worker import Worker
 
     settings.LOOP_IDEMPOTENT_RECEIVERS = [url] if listed else []
-    perform = effects._perform
-    effects._perform = timed("effect", perform)  # the batch's effects, performed at once
     label = f"explain {'listed' if listed else 'alone'}"
     for t in range(steps // 5):
         plan = {
@@ -239,34 +270,8 @@ def explain(url: str, steps: int = 200, *, listed: bool = True) -> dict[str, Any
         actions.create_task(plan=plans.validate(plan), actor="bench", user=SYSTEM)
     runner = Worker(label="explain")
     runner.boot()
-    commit = timed("commit", connection.commit)
-
-    def counted_commit() -> None:
-        nonlocal commits
-        commits += 1
-        commit()
-
-    connection.commit = counted_commit  # type: ignore[method-assign]
-    began, cpu = time.perf_counter(), time.process_time()  # the sink runs in its own process
-    try:
-        with connection.execute_wrapper(sql):
-            while runner.tick():
-                pass
-    finally:
-        total, cpu = time.perf_counter() - began, time.process_time() - cpu
-        del connection.commit
-        effects._perform = perform
     done = Event.objects.filter(kind=EventKind.STEP_DONE, task__title__startswith=label)
-    count = done.count()
-    ms = {key: round(value / count * 1000, 2) for key, value in spent.items()}
-    ms["python"] = round(total / count * 1000 - sum(ms.values()), 2)
-    return {
-        "ms_per_step": round(total / count * 1000, 2),
-        "cpu_ms_per_step": round(cpu / count * 1000, 2),
-        "split_ms": ms,
-        "statements_per_step": round(statements / count, 1),
-        "commits_per_step": round(commits / count, 1),
-    }
+    return split_ticks(runner, done, digits=1)
 
 
 def parts(url: str, requests: int = 1000, statements: int = 2000) -> dict[str, float]:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import pg
-from effect_overhead import Sink
+from effect_overhead import Sink, split_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "bench" / ".dbos-venv"
@@ -193,30 +193,12 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
     commits, the SQL executed, the side effects performed (their HTTP round trips) and the
     rest (Python); with statements and commits per step, and CPU time per step."""
     from django.conf import settings
-    from django.db import connection, transaction
+    from django.db import transaction
 
-    from loop import actions, effects, plans
+    from loop import actions, plans
     from loop.models import Event
     from loop.permissions import SYSTEM
     from loop.worker import Worker
-
-    spent = {"commit": 0.0, "sql": 0.0, "effect": 0.0}
-    statements = commits = 0
-
-    def timed(key: str, func: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return func(*args, **kwargs)
-            finally:
-                spent[key] += time.perf_counter() - began
-
-        return run
-
-    def sql(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
-        nonlocal statements
-        statements += 1
-        return timed("sql", execute)(query, params, many, context)
 
     def spec(t: int, s: int) -> dict[str, Any]:
         if kind == "read-only":
@@ -235,39 +217,10 @@ def explain(kind: str, url: str, tasks: int = 16, steps: int = 25) -> dict[str, 
             for t in range(tasks)
         ]
     settings.LOOP_IDEMPOTENT_RECEIVERS = [] if UNLISTED[0] else [url]  # as the workers have it
-    perform = effects._perform
-    effects._perform = timed("effect", perform)
     runner = Worker(label="explain")
     runner.boot()
-    commit = timed("commit", connection.commit)
-
-    def counted_commit() -> None:
-        nonlocal commits
-        commits += 1
-        commit()
-
-    connection.commit = counted_commit  # type: ignore[method-assign]
-    began, cpu = time.perf_counter(), time.process_time()
-    try:
-        with connection.execute_wrapper(sql):
-            while runner.tick():
-                pass
-    finally:
-        total, cpu = time.perf_counter() - began, time.process_time() - cpu
-        del connection.commit
-        effects._perform = perform
-    count = Event.objects.filter(kind="step_done", task_id__in=ids).count()
-    ms = {key: round(value / count * 1000, 3) for key, value in spent.items()}
-    ms["python"] = round(total / count * 1000 - sum(ms.values()), 3)
-    return {
-        "kind": kind,
-        "steps": count,
-        "ms_per_step": round(total / count * 1000, 3),
-        "cpu_ms_per_step": round(cpu / count * 1000, 3),
-        "split_ms": ms,
-        "statements_per_step": round(statements / count, 2),
-        "commits_per_step": round(commits / count, 2),
-    }
+    done = Event.objects.filter(kind="step_done", task_id__in=ids)
+    return {"kind": kind, **split_ticks(runner, done)}
 
 
 def main() -> None:
