@@ -715,7 +715,7 @@ def _edit_model_call(step: Step, args: dict[str, Any]) -> dict[str, Any]:
     """Edit, then allow, for Pippa's call: the arguments are checked as the tool's (PlanError
     naming the field); the transcript keeps her call as she made it, and the decision's event
     the edit (`transcript.edit_of`): the call is made as edited, the authorization binds it,
-    and her next requests are told (`prompt.context`)."""
+    and her next requests are told (`prompt.Context`)."""
     call_id, name, before = transcript.pending(step)
     if not call_id:
         raise Refused(f"args: step '{step.key}' waits on no call of Pippa's to edit")

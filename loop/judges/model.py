@@ -197,7 +197,7 @@ class Tick:
 
     def _request(self, rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
         """The step's transcript as chat messages, with what every request carries read anew
-        (the conversation, Dad's answers: `prompt.context`) after the system message: a
+        (the conversation, Dad's answers: `prompt.Context`) after the system message: a
         message Dad writes while the step runs is in its next request."""
         messages = transcript.messages(rows)
         if self.context is None:
