@@ -16,7 +16,7 @@ Everything runs in the caller's transaction; nothing here decides whether a chan
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, TypeVar
@@ -298,7 +298,7 @@ def update_many(
     conditions, in one statement (`_update_rows`); the total row count. The compare-and-set of
     every state change (loop.transitions): a batch's starts, verdicts and effect claims, set-
     wise (commit f17186c), the statement built once per shape, not compiled."""
-    return len(_update_many(model, changes, where, returning=False))
+    return sum(cursor.rowcount for cursor in _updates(model, changes, where))
 
 
 def update_each(
@@ -306,17 +306,16 @@ def update_each(
 ) -> set[Any]:
     """`update_many`, telling which rows it changed: their primary keys (RETURNING). A
     compare-and-set of several rows where each that still matches may move on its own."""
-    return set(_update_many(model, changes, where, returning=True))
+    pk = f"{_q(model._meta.db_table)}.{_q(model._meta.pk.column)}"  # type: ignore[union-attr]
+    updates = _updates(model, changes, where, tail=f" RETURNING {pk}")
+    return {row[0] for cursor in updates for row in cursor.fetchall()}
 
 
-def _update_many(
-    model: type[Model],
-    changes: list[dict[str, Any]],
-    where: list[dict[str, Any]],
-    *,
-    returning: bool,
-) -> list[Any]:
-    """The rows changed: their primary keys if `returning`, else as many Nones."""
+def _updates(
+    model: type[Model], changes: list[dict[str, Any]], where: list[dict[str, Any]], tail: str = ""
+) -> Iterator[Any]:
+    """The statements of `update_many` (each followed by `tail`), a chunk of rows at a time:
+    the cursor after each."""
     conn = connections["default"]
     conds = tuple((name, value is None) for name, value in where[0].items())
     sql, fields = _update(model, tuple(changes[0]), conds)
@@ -331,8 +330,6 @@ def _update_many(
                 for (field, kind), value in zip(fields, values, strict=True)
             ]
         )
-    tail = f" RETURNING {_q(model._meta.db_table)}.{_q(model._meta.pk.column)}" if returning else ""  # type: ignore[union-attr]
-    changed: list[Any] = []
     with _cursor(conn) as cursor:
         for chunk in _chunks(params):
             if len(chunk) == 1:
@@ -340,11 +337,7 @@ def _update_many(
             else:
                 rows = _update_rows(model, tuple(changes[0]), conds, _count(chunk), conn.vendor)
                 cursor.execute(rows + tail, _rows_params(chunk, conn.vendor))
-            if returning:
-                changed += [row[0] for row in cursor.fetchall()]
-            else:
-                changed += [None] * cursor.rowcount
-    return changed
+            yield cursor
 
 
 ROWS_AT_ONCE = 500  # rows in one multi-row statement, well inside both databases' limits

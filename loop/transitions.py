@@ -8,7 +8,7 @@ moved under us (someone else won) raises `Conflict`; an illegal move raises
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.utils import timezone
 
@@ -21,14 +21,17 @@ class Conflict(Exception):
     """The row was not in the state we read: another writer won the race."""
 
 
+Row = TypeVar("Row", Step, Task, Effect)
+
+
 def _cas_all(
-    objs: Sequence[Step | Task | Effect],
+    objs: Sequence[Row],
     new_state: str,
     fields: list[dict[str, Any]],
     where: list[dict[str, Any]],
     *,
     each: bool = False,
-) -> list[Step | Task | Effect]:
+) -> list[Row]:
     """Compare-and-set these rows of one model in one statement: all of them move, or
     Conflict. After a Conflict the rows that matched have moved, in the database though not in
     memory: a caller that goes on after one undoes them (a savepoint around the call), one that
@@ -129,7 +132,6 @@ def move_effects(
     new = EFFECT.check(old, event)
     moved = _cas_all(effects, new, fields, where, each=each)
     for effect in moved:
-        assert isinstance(effect, Effect)
         journal.record(
             EventKind.EFFECT_STATE,
             task=effect.task_id,
@@ -140,7 +142,7 @@ def move_effects(
             new=new,
             **(data or {}),
         )
-    return moved  # type: ignore[return-value]
+    return moved
 
 
 def move_effect(

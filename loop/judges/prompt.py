@@ -242,10 +242,10 @@ def briefing(step: Step) -> str:
 class Context:
     """What every request of a step's tick carries besides its transcript (DESIGN.md §10,
     §17): the conversation with Dad, read anew for each request that a message came before
-    (he may write while the step runs), and Dad's answers to the questions of the step's task with his words (a denial of
-    a tool step's call, and why, included: Pippa may propose a replacement), read once: he
-    answers only a blocked step, and no step of a task is blocked while one of its steps
-    runs. `text()` is "" when there is neither."""
+    (he may write while the step runs), and Dad's answers to the questions of the step's task
+    with his words (a denial of a tool step's call, and why, included: Pippa may propose a
+    replacement), read once: he answers only a blocked step, and no step of a task is blocked
+    while one of its steps runs. `text()` is "" when there is neither."""
 
     def __init__(self, step: Step) -> None:
         from .. import conversation
