@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connection, connections, models
+from django.db import connection, connections, models, transaction
 from django.db.models import Field, Model, Q
 from django.db.models.sql.query import Query
 from django.utils import timezone
@@ -135,6 +136,33 @@ def _remembering(converters: list[Converter]) -> Converter:
         return result
 
     return convert
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """Reads that all see one moment of the database, so the parts of a page rendered from
+    several queries agree (a task's counters and its step rows, pushed while a worker commits).
+    A transaction that only reads: on SQLite a deferred BEGIN, a reader that never takes the
+    write lock (BEGIN IMMEDIATE, the site's default, would wait for the worker and stop it);
+    on PostgreSQL REPEATABLE READ, whose statements share the first one's snapshot. Inside a
+    transaction already, that transaction is the moment."""
+    if connection.in_atomic_block:
+        yield
+        return
+    connection.ensure_connection()
+    with ExitStack() as stack:
+        if connection.vendor == "sqlite":
+            mode = connection.transaction_mode  # type: ignore[attr-defined]
+            connection.transaction_mode = "DEFERRED"  # type: ignore[attr-defined]
+            try:
+                stack.enter_context(transaction.atomic())
+            finally:
+                connection.transaction_mode = mode  # type: ignore[attr-defined]
+        else:
+            stack.enter_context(transaction.atomic())
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
 
 
 def load(

@@ -41,7 +41,7 @@ from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from .. import journal, numbers, open_steps
+from .. import journal, numbers, open_steps, sql
 from ..models import Event, EventKind, Task
 from . import timeline
 from .pages import context, talk
@@ -165,13 +165,22 @@ def _render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[st
         message["count"] = context.waiting_count()
         return message
     if topic.task_id is None:
-        page = context.home(can_act=topic.can_act, with_banner=False)
-        for part in ("needs-you", "running", "recent"):
-            message["swaps"].append(_swap(part, f"loop/home.html#{part}", page))
+        with sql.snapshot():  # a row's counters and its section from one moment
+            page = context.home(can_act=topic.can_act, with_banner=False)
+            for part in ("needs-you", "running", "recent"):
+                message["swaps"].append(_swap(part, f"loop/home.html#{part}", page))
         if full or any(e.kind in WORKER_KINDS for e in events):
             message["swaps"].append(banner_swap())
         message["count"] = page["waiting"]
         return message
+    with sql.snapshot():  # the counters, the steps and the timeline from one moment
+        return _render_task(topic, events, message, full=full)
+
+
+def _render_task(
+    topic: Topic, events: list[Event], message: dict[str, Any], *, full: bool
+) -> dict[str, Any]:
+    assert topic.task_id is not None
     task = Task.objects.filter(pk=topic.task_id).first()
     message["count"] = context.waiting_count()
     if task is None:
@@ -188,7 +197,7 @@ def _render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[st
         ctx = {**base, "steps": steps, "window": window}
         message["swaps"].append(_swap("steps", "loop/task.html#steps", ctx))
     else:
-        touched = {e.step_id for e in events if e.step_id}
+        touched = {e.step_id for e in events if e.step_id} | _moved_since(task, events)
         current = open_steps.first_open([task.pk]).get(task.pk)
         if touched and current:
             touched.add(current.pk)
@@ -210,6 +219,17 @@ def _render(topic: Topic, events: list[Event], *, full: bool = False) -> dict[st
             }
         )
     return message
+
+
+def _moved_since(task: Task, events: list[Event]) -> set[int]:
+    """The task's steps whose events committed after `events` were read but before this
+    render's snapshot: their rows are rendered too, or the counters (which count them) and
+    the rows shown would disagree until the next push."""
+    if not events:
+        return set()
+    floor = max(e.pk for e in events) - context.trailing_window()
+    later = Event.objects.filter(task_id=task.pk, id__gt=floor, step_id__isnull=False)
+    return set(later.values_list("step_id", flat=True))
 
 
 def replay(topic: Topic, after: int) -> dict[str, Any]:
