@@ -6,12 +6,13 @@ excluded.
 
 On a fresh SQLite file, an in-process worker runs `--tasks` model steps; the model answers
 each of `--turns` turns with `--calls` read-only `echo` calls, then `commit_step`. Every reply
-and every result is committed before the next call or request (the durable transcript), so a
-turn costs one request plus 1 + calls transcript commits. Loop time = wall time of the run
-minus the server's time answering (measured inside the server, from the request read to the
-answer written): the openai client, the transcript writes, the tools, the step's start and
+is committed before its calls run and every result before the next request (the durable
+transcript), so a turn costs one request and two commits: the reply, then its calls' results
+together. Loop time = wall time of the run minus the server's time answering (measured inside
+the server, from the request's first line read to the answer written): the openai client, the transcript writes, the tools, the step's start and
 verdict. Split in two: a tool call's own time (checking the call, running the tool, its
-result's commit: `Tick.answer`) per tool call, and the rest per turn (the request built and
+result's commit: `Tick.answer`, and `Tick._flush` for read-only calls' results, which one
+commit writes together) per tool call, and the rest per turn (the request built and
 sent, the reply parsed and committed, the step's start and verdict shared by its turns).
 Before them, the whole loop time divided by turns and by tool calls, as earlier versions
 printed it. The machine's load too (figures on a shared machine are noisy).
@@ -45,19 +46,27 @@ def setup_django(folder: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
-def timing(owner: Any, name: str) -> list[float]:
-    """`owner.name` made to add the seconds each call of it takes to the list returned."""
+def timing(*names: tuple[Any, str]) -> list[float]:
+    """Each `owner.name` made to add the seconds its calls take to the list returned; a call
+    of one inside another is counted once."""
     spent = [0.0]
-    func = getattr(owner, name)
+    depth = [0]
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return func(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - began
+    def timer(func: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            began = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    spent[0] += time.perf_counter() - began
 
-    setattr(owner, name, timed)
+        return timed
+
+    for owner, name in names:
+        setattr(owner, name, timer(getattr(owner, name)))
     return spent
 
 
@@ -87,8 +96,9 @@ def main() -> None:
                 return calls(*[("echo", {"value": [said, c]}) for c in range(options.calls)])
             return commit(output=said)
 
-        in_client = timing(llm, "complete")  # the openai client, and the server's answer
-        in_calls = timing(model_judge.Tick, "answer")  # a tool call, its result's commit
+        in_client = timing((llm, "complete"))  # the openai client, and the server's answer
+        # A tool call, and its result's commit (read-only calls' results commit together).
+        in_calls = timing((model_judge.Tick, "answer"), (model_judge.Tick, "_flush"))
         with ModelServer(script) as model:
             settings.LOOP_LLM_BASE_URL = model.base_url
             settings.LOOP_LLM_MAX_TURNS = options.turns + 2

@@ -16,6 +16,7 @@ cannot hold becomes U+FFFD (`clean`), and the entry says so in a last line of it
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,8 @@ def add(
     assert role in (Role.SYSTEM, Role.USER), role
     content, change = clean(content)
     changes = [change] if change else []
-    return _added(step, rows, actor, changes, role=role, content=_cleaned(content, changes))
+    new = _New(changes, None, {"role": role, "content": _cleaned(content, changes)})
+    return _added(step, rows, actor, [new])[0]
 
 
 def add_reply(
@@ -126,17 +128,14 @@ def add_reply(
             if change:
                 changes.append(f"call {n}'s {name}: {change}")
         kept.append(one)
-    return _added(
-        step,
-        rows,
-        actor,
-        changes,
-        role=Role.ASSISTANT,
-        content=_cleaned(content, changes),
-        tool_calls=kept,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-    )
+    fields = {
+        "role": Role.ASSISTANT,
+        "content": _cleaned(content, changes),
+        "tool_calls": kept,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    return _added(step, rows, actor, [_New(changes, None, fields)])[0]
 
 
 def add_result(
@@ -150,6 +149,17 @@ def add_result(
 ) -> TranscriptEntry:
     """The one result of the call `call_id`: refused (`Orphan`) unless that call is in the
     step's transcript without a result."""
+    return _added(step, rows, actor, [_result(step, call_id, content, effect_id)])[0]
+
+
+def add_results(step: Step, results: list[tuple[str, str]], *, actor: str, rows: Rows) -> None:
+    """Several calls' results, `(call_id, content)` in order, in one commit: the read-only calls
+    of one reply, each result committed before the next request (DESIGN.md §12) but not each
+    in a commit of its own. Each checked as `add_result` checks it."""
+    _added(step, rows, actor, [_result(step, call_id, text) for call_id, text in results])
+
+
+def _result(step: Step, call_id: str, content: str, effect_id: str = "") -> _New:
     content, change = clean(content)
     changes = [change] if change else []
 
@@ -164,17 +174,13 @@ def add_result(
         if any(r.role == Role.TOOL and r.tool_call_id == call_id for r in held):
             raise Orphan(f"step '{step.key}': call {call_id!r} has its result already")
 
-    return _added(
-        step,
-        rows,
-        actor,
-        changes,
-        check=unanswered,
-        role=Role.TOOL,
-        content=_cleaned(content, changes),
-        tool_call_id=call_id,
-        effect_id=effect_id,
-    )
+    fields = {
+        "role": Role.TOOL,
+        "content": _cleaned(content, changes),
+        "tool_call_id": call_id,
+        "effect_id": effect_id,
+    }
+    return _New(changes, unanswered, fields)
 
 
 # The step's transcript as a caller holds it (`entries`), kept whole by the writers it is given
@@ -182,44 +188,48 @@ def add_result(
 Rows = list[TranscriptEntry]
 
 
-def _added(
-    step: Step,
-    rows: Rows | None,
-    actor: str,
-    changes: list[str],
-    *,
-    check: Any = None,
-    **fields: Any,
-) -> TranscriptEntry:
-    """The step's next entry, journaled, in one transaction (or the caller's): checked by
-    `check` against the transcript and numbered after its last entry. Given the caller's
-    `rows`, those are the transcript (nothing read) and get the entry; if another writer
+@dataclass(frozen=True)
+class _New:
+    """An entry to write: what was changed to store it, the check of the transcript before
+    it (or None), its fields."""
+
+    changes: list[str]
+    check: Callable[[Rows], None] | None
+    fields: dict[str, Any]
+
+
+def _added(step: Step, rows: Rows | None, actor: str, new: list[_New]) -> list[TranscriptEntry]:
+    """The step's next entries, journaled, in one transaction (or the caller's): each checked
+    against the transcript before it and numbered after its last entry. Given the caller's
+    `rows`, those are the transcript (nothing read) and get the entries; if another writer
     numbered an entry meanwhile (a holder whose lease moved on), the unique (step, seq) refuses
-    this one, and the transcript is read and checked again."""
+    them, and the transcript is read and checked again."""
     for held in (rows, None) if rows is not None else (None,):
         current = held if held is not None else _read(step, whole=rows is not None)
-        if check is not None:
-            check(current)
+        made: list[TranscriptEntry] = []
         try:
-            with transaction.atomic():
-                entry = sql.create(
-                    TranscriptEntry,
-                    {
+            with transaction.atomic(), journal.batched():
+                for one in new:
+                    before = [*current, *made] if made else current
+                    if one.check is not None:
+                        one.check(before)
+                    values = {
                         "task_id": step.task_id,
                         "step_id": step.pk,
                         "attempt": step.attempts,
-                        "seq": current[-1].seq + 1 if current else 0,
-                        **fields,
-                    },
-                )
-                _journaled(entry, step, actor, changes)
+                        "seq": before[-1].seq + 1 if before else 0,
+                        **one.fields,
+                    }
+                    made.append(
+                        _journaled(sql.create(TranscriptEntry, values), step, actor, one.changes)
+                    )
         except IntegrityError:
             if held is None:
                 raise
             continue
         if rows is not None:
-            rows[:] = [*current, entry]
-        return entry
+            rows[:] = [*current, *made]
+        return made
     raise AssertionError("unreachable")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection, connections
 
 from loop import actions, transcript
 from loop.models import (
@@ -189,6 +190,45 @@ def test_a_model_that_never_commits_is_reminded_once_then_the_cap_fails_it(
         if m["role"] == "user" and "call commit_step" in m["content"]
     ]
     assert len(reminders) == 1
+    assert_paired(step)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replys_read_only_results_commit_together_before_the_next_request(
+    llm: Any, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN.md §12: the reply commits before its calls run, and their results before the next
+    request: the three read-only results in one commit, not three."""
+    order: list[str] = []
+    visible: list[list[str]] = []
+
+    def script(body: dict[str, Any], n: int) -> Any:
+        order.append("request")
+        if n == 0:
+            return calls(*[("echo", {"value": v}) for v in (1, 2, 3)])
+        try:  # this thread's own connection sees only what the worker committed
+            results = TranscriptEntry.objects.filter(role=TranscriptEntry.Role.TOOL)
+            visible.append(sorted(results.values_list("content", flat=True)))
+        finally:
+            connection.close()
+        return commit(output="echoed")
+
+    llm(script)
+    wrapper = connections["default"]
+    commit_once = wrapper.commit
+
+    def counted() -> None:
+        commit_once()
+        order.append("commit")
+
+    monkeypatch.setattr(wrapper, "commit", counted)
+    task = make_task(model_step("m", "Echo three values."))
+    run_until_idle(worker)
+    step = task.steps.get()
+    assert step.state == StepState.DONE
+    assert visible == [[f'{{"value": {v}}}' for v in (1, 2, 3)]]
+    first, second = [i for i, what in enumerate(order) if what == "request"]
+    assert order[first + 1 : second] == ["commit", "commit"]  # the reply; the three results
     assert_paired(step)
 
 

@@ -124,6 +124,10 @@ class Tick:
     # The step's transcript as this tick read it, and every entry it wrote since.
     rows: list[TranscriptEntry] = field(default_factory=list)
     context: Context | None = None  # read at its first request
+    # Results of read-only calls (and commit_step's) not committed yet: committed together
+    # before the next request, the tick's end or any other write (`_flush`). A cut before
+    # loses only them, and a read-only call runs again on resume.
+    later: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -132,13 +136,17 @@ class Tick:
     def run(self) -> Verdict | Fenced:
         step = self.step
         rows = self.rows = transcript.entries(step)  # kept whole by every write below
-        if not rows:
-            self._add(transcript.Role.SYSTEM, SYSTEM_TEXT)
+        if not rows:  # a new step: its system message and its briefing in one commit
+            brief = briefing(step)
+            with transaction.atomic(), journal.batched():
+                self._add(transcript.Role.SYSTEM, SYSTEM_TEXT)
+                self._add(transcript.Role.USER, brief)
         resumed = transcript.dangling(rows)
         for one in resumed:
             stop = self.answer(one.entry, one.index, one.call)
             if stop is not None:
                 return stop
+        self._flush()
         ended = self._committed(rows) if resumed else None
         if ended is not None:
             return ended  # the reply answered now ended the step
@@ -178,6 +186,7 @@ class Tick:
                 stop = self.answer(entry, index, one)
                 if stop is not None:
                     return stop
+            self._flush()
             ended = self._committed(rows)
             if ended is not None:
                 return ended
@@ -187,13 +196,22 @@ class Tick:
         )
 
     def _add(self, role: str, content: str) -> None:
+        self._flush()
         transcript.add(self.step, role, content, actor=self.actor, rows=self.rows)
 
     def _result(self, call_id: str, content: str, effect_id: str = "") -> None:
-        """The call's result, in the step's transcript as this tick holds it."""
+        """The call's result, in the step's transcript as this tick holds it (after the
+        results held for later: the transcript keeps the calls' order)."""
+        self._flush()
         transcript.add_result(
             self.step, call_id, content, effect_id, actor=self.actor, rows=self.rows
         )
+
+    def _flush(self) -> None:
+        """Commit the results held for later, in one transaction."""
+        if self.later:
+            transcript.add_results(self.step, self.later, actor=self.actor, rows=self.rows)
+            self.later.clear()
 
     def _request(self, rows: list[TranscriptEntry]) -> list[dict[str, Any]]:
         """The step's transcript as chat messages, with what every request carries read anew
@@ -285,7 +303,7 @@ class Tick:
             if problem:
                 self._refuse(call_id, name, problem)
             else:
-                self._result(call_id, f"committed: {args['verdict']}")
+                self.later.append((call_id, f"committed: {args['verdict']}"))
             return None
         if name == ADD_STEPS:
             self._add_steps(call_id, args)
@@ -311,7 +329,7 @@ class Tick:
             self._refuse(call_id, name, "; ".join(problems))
             return None
         if not tool.side_effect:
-            self._result(call_id, cut(self._read(tool, args)))
+            self.later.append((call_id, cut(self._read(tool, args))))
             return None
         edited = transcript.edit_of(self.step, call_id)  # Dad's "Edit, then allow"
         return self._side_effect(entry, index, call_id, tool, args if edited is None else edited)
@@ -332,6 +350,7 @@ class Tick:
         tool: tools.Tool,
         args: dict[str, Any],
     ) -> Verdict | Fenced | None:
+        self._flush()  # what was read before is in the transcript before anything is sent
         step = self.step
         latest = effects.latest_of_call(step, tool.name, args)
         again = latest.again if latest is not None else 0

@@ -90,7 +90,8 @@ class ModelServer:
         self.script = script
         self.requests: list[dict[str, Any]] = []
         self.answered = 0  # replies sent (not error answers)
-        self.server_seconds = 0.0  # time spent answering, from the request read to the answer sent
+        # Time spent answering, from the request's first line read to the answer sent.
+        self.server_seconds = 0.0
         self._lock = threading.Lock()
         self._calls = 0
         self._server: ThreadingHTTPServer | None = None
@@ -138,8 +139,12 @@ class ModelServer:
                 else:
                     self._send(404, {"error": {"message": f"no {self.path}"}})
 
+            def parse_request(self) -> bool:
+                self.began = time.perf_counter()  # the request line is in: the server's time
+                return super().parse_request()
+
             def do_POST(self) -> None:
-                began = time.perf_counter()
+                began = self.began
                 try:
                     self._post()
                 finally:
