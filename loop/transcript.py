@@ -4,8 +4,9 @@ attempts, one `TranscriptEntry` row per message.
 The writers keep it paired whatever fails: an assistant reply and its tool calls are one row
 (committed before any call runs); a result is written only for a call of that step's
 transcript that has none yet (`add_result` checks, in its transaction, and the unique
-constraint `transcript_one_result` backs it). Each write is its own commit unless the caller
-holds a transaction (then the result commits with what the call did, e.g. `add_steps`).
+constraint `transcript_one_result` backs it). Each write — one entry, or the results of a
+reply's read-only calls together (`add_results`) — is its own commit unless the caller holds a
+transaction (then the result commits with what the call did, e.g. `add_steps`).
 
 Every text stored is valid UTF-8 without NUL, whatever the model or a tool sent (PostgreSQL
 refuses both, and a refused write would end the tick): a NUL is removed, a surrogate UTF-8
