@@ -104,8 +104,8 @@ def test_the_standing_authorization_covers_the_template_and_nothing_pippa_adds(
             spec = plans.validate(
                 {
                     "title": "garden",
-                    # Due once now (below), then not for a year: a second run in the test's
-                    # minute would open the valve again.
+                    # Due once now (below), then not for a year: a run at the next minute
+                    # boundary would open the valve again.
                     "schedule": "0 6 1 1 *",
                     "steps": [
                         model_step(
