@@ -417,6 +417,35 @@ def test_may_i_shows_each_request_whole_and_a_long_body_expands_in_place(
     assert still_same_page(page)
 
 
+def test_a_live_update_keeps_the_field_dad_is_typing_in(
+    site: str, runloop: Any, browser: Any, dad_user: User, receiver: Receiver
+) -> None:
+    """A new question re-renders the card Dad is editing: what he typed, the field he
+    emptied, the focus and the caret stay, so his next key lands where the last one did."""
+    from playwright.sync_api import expect
+
+    page = log_in(browser, site, "dad", "dad-password-1")
+    task = make_task(pay_step(receiver.url, confirm_before=True), title="Pay the plumber")
+    pay = task.steps.get()
+    card = page.locator(f"#question-{pay.pk}")
+    expect(card).to_contain_text("May I do this?")
+    card.locator("summary", has_text="Edit, then allow").click()
+    body, url = card.locator(f"#arg-{pay.pk}-json"), card.locator(f"#arg-{pay.pk}-url")
+    url.fill("")
+    body.fill('{"amount": 9')
+    body.press("End")
+    body.evaluate("e => { e.dataset.typedIn = 'yes' }")
+    # Another question: the section around Dad's card is rendered anew and replaced.
+    other = make_task(pay_step(receiver.url, confirm_before=True), title="Pay the cleaner")
+    expect(page.locator(f"#question-{other.steps.get().pk}")).to_be_visible()
+    assert body.evaluate("e => e.dataset.typedIn") is None  # a new element, in the old's place
+    page.keyboard.type("0}")
+    expect(body).to_have_value('{"amount": 90}')
+    expect(body).to_be_focused()
+    expect(url).to_have_value("")
+    assert still_same_page(page)
+
+
 def test_the_pages_keep_to_the_content_security_policy(
     site: str, runloop: Any, browser: Any, dad_user: User
 ) -> None:

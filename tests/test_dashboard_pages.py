@@ -103,6 +103,32 @@ def test_allow_once_by_htmx_answers_with_a_fragment(dad: User, worker: Worker) -
     assert blocked.state == "pending" and blocked.authorized_by == "dad"
 
 
+@pytest.mark.parametrize(
+    ("amount", "said", "args"),
+    [
+        ("1", "as it was (your edit changed nothing)", {"n": 1}),
+        ("2", "as you edited it", {"n": 2}),
+    ],
+)
+def test_edit_then_allow_says_whether_the_call_changed(
+    dad: User, worker: Worker, amount: str, said: str, args: dict[str, int]
+) -> None:
+    """The answer tells Dad what the journal holds: an edit the form sent back unchanged (a
+    field he did not touch, or one a reload reset) is not called an edit."""
+    make_task(ask_first())
+    run_until_idle(worker)
+    blocked = Step.objects.get(key="pay")
+    form = {"decision": "allow", "edit": "1", "arg.url": "http://127.0.0.1:9/pay"}
+    response = logged_in(dad).post(
+        reverse("loop:decide", args=[blocked.pk]),
+        {**form, "arg.json": f'{{"n": {amount}}}'},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200 and said.encode() in response.content
+    blocked.refresh_from_db()
+    assert blocked.state == "pending" and blocked.args["json"] == args
+
+
 def test_a_decision_that_does_not_answer_the_question_is_409_and_named(
     dad: User, worker: Worker
 ) -> None:

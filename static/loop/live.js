@@ -50,17 +50,38 @@
     return tpl.content.firstElementChild;
   }
 
-  // Keep what a person was typing (a note, a plan), and what they opened (a folded body), when
-  // the element around it is replaced.
+  // Keep what a person was typing (a note, a plan, an edited call; a field they emptied too)
+  // and what they opened (a folded body) when the element around it is replaced — and the
+  // field they are typing in, with its caret, so the next key lands where the last one did.
   function keepInputs(from, to) {
     from.querySelectorAll("input[id], textarea[id]").forEach(function (old) {
       const fresh = to.querySelector("#" + CSS.escape(old.id));
-      if (fresh && old.value && fresh.type !== "hidden") fresh.value = old.value;
+      if (!fresh || fresh.type === "hidden" || fresh.type !== old.type) return;
+      if (old.type === "checkbox" || old.type === "radio") {
+        if (old.checked !== old.defaultChecked) fresh.checked = old.checked;
+      } else if (old.value !== old.defaultValue) {
+        fresh.value = old.value;
+      }
     });
     from.querySelectorAll("details[id][open]").forEach(function (old) {
       const fresh = to.querySelector("#" + CSS.escape(old.id));
       if (fresh) fresh.open = true;
     });
+    const active = document.activeElement;
+    const fresh = active && active.id && from.contains(active) ? to.querySelector("#" + CSS.escape(active.id)) : null;
+    if (!fresh) return function () {};
+    let caret = null;
+    try {
+      caret = [active.selectionStart, active.selectionEnd, active.selectionDirection];
+    } catch (e) { /* a field without a caret */ }
+    const scroll = active.scrollTop;
+    return function () {
+      fresh.focus({ preventScroll: true });
+      try {
+        if (caret && caret[0] !== null) fresh.setSelectionRange(caret[0], caret[1], caret[2]);
+      } catch (e) { /* a field without a caret */ }
+      fresh.scrollTop = scroll;
+    };
   }
 
   function activate(el) {
@@ -72,8 +93,9 @@
       const old = document.getElementById(swap.id);
       const el = fragment(swap.html);
       if (!old || !el) return;
-      keepInputs(old, el);
+      const refocus = keepInputs(old, el);
       old.replaceWith(el);
+      refocus();
       activate(el);
     });
     (msg.rows || []).forEach(function (row) {

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from ... import actions, lease, plans
-from ...models import Step, Task
+from ...models import Event, EventKind, Step, Task
 from ...templatetags import clock
 from .. import answers
 from ..forms import DecisionForm
@@ -25,6 +25,8 @@ SAID = {
     "deny": "Denied: '{key}' failed; its task is paused, waiting for a replacement.",
     "deny_model": "Denied: Pippa is told your reason and goes on with '{key}'.",
     "allow_edited": "Allowed once, as you edited it: '{key}' runs on the next tick.",
+    "allow_unedited": "Allowed once, as it was (your edit changed nothing): '{key}' runs in a "
+    "moment.",
     "reply": "Sent to Pippa: '{key}' still waits for your answer.",
     "reply_model": "Sent to Pippa: '{key}' goes on with your words; she asks again if she must.",
     "happened": "Noted that it happened: '{key}' finishes from that receipt.",
@@ -63,8 +65,9 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
     except actions.Refused as exc:
         return answer(request, f"decision: {exc}", status=409, fallback=home)
     model = step.judge == "model"
-    if edited is not None:
-        decision = "allow_edited"
+    if edited is not None:  # what the journal says was done, not what the form held
+        answered = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).latest("id")
+        decision = "allow_edited" if "edited" in answered.data else "allow_unedited"
     elif decision in ("deny", "reply") and model:
         decision += "_model"
     held = lease.holder(step.task) if decision == "allow" else None
