@@ -63,7 +63,8 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-DATA_DIR = Path(os.environ.get("PIPPA_DATA_DIR", BASE_DIR / "var"))
+# Absolute: a relative PIPPA_DATA_DIR means where it was given, for every child process too.
+DATA_DIR = Path(os.environ.get("PIPPA_DATA_DIR") or BASE_DIR / "var").absolute()
 os.umask(UMASK)  # before anything is written: every file this process makes is owner-only
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
