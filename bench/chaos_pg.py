@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -78,6 +79,10 @@ def main() -> None:
         or figures.emails + figures.posts != options.tasks * 5
     )
     print("checks:", "FAILED" if failed else "all passed")
+    if failed:
+        print(f"the workers' log: {folder / 'workers.log'}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
     print(
         f"reproduce: .venv/bin/python bench/chaos_pg.py --workers {options.workers} "
         f"--tasks {options.tasks} --kill-every {options.kill_every} "

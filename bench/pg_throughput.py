@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,7 @@ def main() -> None:
                 print(json.dumps(explain(kind, f"http://127.0.0.1:{port}/hook")), flush=True)
         finally:
             sink.kill()
+            shutil.rmtree(folder, ignore_errors=True)
         return
     if options.quick:
         options.tasks, options.steps, options.effect_steps = 32, 40, 8
@@ -308,6 +310,7 @@ def main() -> None:
                         )
     finally:
         sink.kill()
+        shutil.rmtree(folder, ignore_errors=True)
     report(rates, counts, kinds, options, steps)
 
 
