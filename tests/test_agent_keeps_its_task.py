@@ -206,11 +206,18 @@ def test_the_dashboard_says_who_holds_a_task_and_until_when(
     assert 'id="task-holder"' not in page
 
 
+@pytest.mark.parametrize(
+    ("form", "how"),
+    [
+        ({}, "Allowed once: "),
+        ({"edit": "1"}, "Allowed once, as it was (your edit changed nothing): "),
+    ],
+)
 def test_allow_once_on_an_agents_task_says_the_agent_takes_it_up(
-    dad: User, worker: Worker, settings: Any
+    dad: User, worker: Worker, settings: Any, form: dict[str, str], how: str
 ) -> None:
-    """The flash after "Allow once" says who runs the step now: not a worker's next tick while
-    an agent holds the task."""
+    """The flash after "Allow once" (or "Edit, then allow") says who runs the step now: not a
+    worker's next tick while an agent holds the task."""
     pippa = Agent(issue(name="pippa", user=dad)[1])
     task = make_task(step("pay", "test.seen_once", confirm_before=True), driver="pippa")
     asked = pippa.post(f"/api/tasks/{task.pk}/next")
@@ -220,7 +227,7 @@ def test_allow_once_on_an_agents_task_says_the_agent_takes_it_up(
     browser = Client()
     browser.force_login(dad)
     said = browser.post(
-        reverse("loop:decide", args=[blocked.pk]), {"decision": "allow"}, follow=True
+        reverse("loop:decide", args=[blocked.pk]), {"decision": "allow", **form}, follow=True
     ).content.decode()
-    assert "runs when agent:pippa takes it up, or its lease ends at" in said
+    assert how in said and "runs when agent:pippa takes it up, or its lease ends at" in said
     assert "runs on the next tick" not in said

@@ -20,19 +20,19 @@ from ..forms import DecisionForm
 from .respond import actor, answer
 
 SAID = {
-    "allow": "Allowed once: '{key}' runs in a moment.",
-    "allow_held": "Allowed once: '{key}' runs when {holder} takes it up, or its lease ends at {until}.",
+    "allow": "Allowed once{how}: '{key}' runs in a moment.",
+    "allow_held": "Allowed once{how}: '{key}' runs when {holder} takes it up, or its lease ends "
+    "at {until}.",
     "deny": "Denied: '{key}' failed; its task is paused, waiting for a replacement.",
     "deny_model": "Denied: Pippa is told your reason and goes on with '{key}'.",
-    "allow_edited": "Allowed once, as you edited it: '{key}' runs on the next tick.",
-    "allow_unedited": "Allowed once, as it was (your edit changed nothing): '{key}' runs in a "
-    "moment.",
     "reply": "Sent to Pippa: '{key}' still waits for your answer.",
     "reply_model": "Sent to Pippa: '{key}' goes on with your words; she asks again if she must.",
     "happened": "Noted that it happened: '{key}' finishes from that receipt.",
     "rerun": "'{key}' will do it again.",
     "fail": "'{key}' failed.",
 }
+EDITED = ", as you edited it"
+UNEDITED = ", as it was (your edit changed nothing)"
 
 
 @require_POST
@@ -64,19 +64,19 @@ def decide(request: HttpRequest, step_id: int) -> HttpResponse:
         return answer(request, str(exc), status=403, fallback=home)
     except actions.Refused as exc:
         return answer(request, f"decision: {exc}", status=409, fallback=home)
-    model = step.judge == "model"
+    how = ""
     if edited is not None:  # what the journal says was done, not what the form held
         answered = Event.objects.filter(step_id=step.pk, kind=EventKind.DECISION).latest("id")
-        decision = "allow_edited" if "edited" in answered.data else "allow_unedited"
-    elif decision in ("deny", "reply") and model:
+        how = EDITED if "edited" in answered.data else UNEDITED
+    elif decision in ("deny", "reply") and step.judge == "model":
         decision += "_model"
     held = lease.holder(step.task) if decision == "allow" else None
     if held is not None and held.kind == "agent":
         said = SAID["allow_held"].format(
-            key=step.key, holder=held, until=clock.absolute(held.until)
+            how=how, key=step.key, holder=held, until=clock.absolute(held.until)
         )
     else:
-        said = SAID[decision].format(key=step.key)
+        said = SAID[decision].format(how=how, key=step.key)
     return answer(request, said, fallback=home)
 
 
