@@ -54,7 +54,9 @@ def test_a_killed_worker_is_started_again_and_stopping_stops_both(tmp_path: Path
         assert back_in < 5
         assert alive(again) and not alive(worker)
         assert f"worker (pid {worker}) exited with code 137" in log.read_text()
-        assert "manage.py runloop" in Path(f"/proc/{again}/cmdline").read_text().replace("\0", " ")
+        # bin/up names the pid as it forks; the fork becomes the worker when it execs, a moment on.
+        cmdline = Path(f"/proc/{again}/cmdline")
+        wait_for(lambda: "manage.py runloop" in cmdline.read_text().replace("\0", " "), timeout=10)
 
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0
