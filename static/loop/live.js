@@ -67,20 +67,22 @@
       const fresh = to.querySelector("#" + CSS.escape(old.id));
       if (fresh) fresh.open = true;
     });
+    // The field being typed in: its twin in the new element takes the focus once it is in place.
     const active = document.activeElement;
-    const fresh = active && active.id && from.contains(active) ? to.querySelector("#" + CSS.escape(active.id)) : null;
-    if (!fresh) return function () {};
+    const inside = active && active.id && from.contains(active);
+    const twin = inside ? to.querySelector("#" + CSS.escape(active.id)) : null;
+    if (!twin) return function () {};
     let caret = null;
     try {
       caret = [active.selectionStart, active.selectionEnd, active.selectionDirection];
     } catch (e) { /* a field without a caret */ }
     const scroll = active.scrollTop;
     return function () {
-      fresh.focus({ preventScroll: true });
+      twin.focus({ preventScroll: true });
       try {
-        if (caret && caret[0] !== null) fresh.setSelectionRange(caret[0], caret[1], caret[2]);
+        if (caret && caret[0] !== null) twin.setSelectionRange(caret[0], caret[1], caret[2]);
       } catch (e) { /* a field without a caret */ }
-      fresh.scrollTop = scroll;
+      twin.scrollTop = scroll;
     };
   }
 
